@@ -1,0 +1,1 @@
+"""Bundled agents and model backends."""

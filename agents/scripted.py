@@ -1,0 +1,141 @@
+"""Scripted agents: deterministic programs without a model, for tests and as reference points.
+
+Both read the arithmetic prompt ``Calculate the value of <expression>.`` from the context's
+messages and compute with exact integers, so they are always right; what differs is the shape
+of the tree they build and therefore what the ledger charges.
+
+* :class:`ScriptedMonolithic` answers in one turn and never spawns.
+* :class:`ScriptedDelegator` splits the expression at its top-level ``+``/``-`` into at most
+  ``parts`` chunks, spawns one clone per chunk, and adds up what the clones return; clones that
+  may spawn in turn (``max_depth > 1``) split their chunk again.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from selfcest_env.protocol import Action, Return, Spawn
+
+_PROMPT = re.compile(r"Calculate the value of (.+?)\.?\s*$", re.MULTILINE)
+_LINE = re.compile(r"^(?P<label>[^:]+):\s*(?P<value>-?\d+)\s*$")
+_BINARY = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__}
+
+
+def evaluate_expression(expression: str) -> int:
+    """The exact value of an integer expression over ``+``, ``-``, ``*`` and parentheses.
+
+    Raises:
+        ValueError: when the text is not such an expression.
+    """
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError as error:
+        raise ValueError(f"not an arithmetic expression: {expression!r}") from error
+    return _evaluate(tree.body, expression)
+
+
+def _evaluate(node: ast.AST, source: str) -> int:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _evaluate(node.operand, source)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        operator = _BINARY[type(node.op)]
+        return operator(_evaluate(node.left, source), _evaluate(node.right, source))
+    raise ValueError(f"unsupported element {ast.dump(node)[:40]} in {source!r}")
+
+
+def top_level_terms(expression: str) -> list[str]:
+    """Split ``expression`` before each ``+``/``-`` outside parentheses; each term keeps its sign.
+
+    >>> top_level_terms("3 + 4 * (5 - 1) - 2")
+    ['3', '+ 4 * (5 - 1)', '- 2']
+    """
+    terms: list[str] = []
+    depth = 0
+    start = 0
+    previous = ""
+    for position, char in enumerate(expression):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char in "+-" and depth == 0 and previous not in ("", "+", "-", "*", "("):
+            terms.append(expression[start:position].strip())
+            start = position
+        if not char.isspace():
+            previous = char
+    terms.append(expression[start:].strip())
+    return [term for term in terms if term]
+
+
+def chunk_terms(terms: Sequence[str], parts: int) -> list[str]:
+    """Group consecutive terms into at most ``parts`` sub-expressions whose values sum up."""
+    size = -(-len(terms) // max(1, parts))
+    chunks = []
+    for start in range(0, len(terms), size):
+        text = " ".join(terms[start : start + size])
+        chunks.append(text[1:].strip() if text.startswith("+") else text)
+    return chunks
+
+
+def _expression_of(messages: Sequence[Mapping[str, Any]]) -> str:
+    user = next(m["content"] for m in messages if m["role"] == "user")
+    found = _PROMPT.search(user)
+    if found is None:
+        raise ValueError(f"no 'Calculate the value of ...' prompt in {user[:80]!r}")
+    return found.group(1)
+
+
+@dataclass
+class ScriptedMonolithic:
+    """Answer every arithmetic prompt in one turn; never spawn."""
+
+    name: str = "scripted-monolithic"
+
+    def act(self, observation: Mapping[str, Any], info: Mapping[str, Any]) -> Action:
+        """``Return`` the exact value of the context's expression."""
+        return Return(str(evaluate_expression(_expression_of(info["messages"]))))
+
+
+@dataclass
+class ScriptedDelegator:
+    """Spawn one clone per chunk of the expression's top-level terms, then add their answers.
+
+    Attributes:
+        parts: Chunks (clones) per spawn; keep it within the env's ``max_clones_per_call``.
+        shared_context: Keys passed with every spawn (to exercise context routing).
+    """
+
+    parts: int = 3
+    shared_context: tuple[str, ...] = ()
+    name: str = "scripted-delegate"
+
+    def act(self, observation: Mapping[str, Any], info: Mapping[str, Any]) -> Action:
+        """Spawn on a fresh context that may spawn; sum the returned lines afterwards."""
+        messages = info["messages"]
+        if messages[-1]["role"] == "tool":
+            return Return(str(self._sum_answers(messages[-1]["content"])))
+        expression = _expression_of(messages)
+        terms = top_level_terms(expression)
+        if not info["tools"] or len(terms) < 2:
+            return Return(str(evaluate_expression(expression)))
+        objectives = [
+            f"Calculate the value of {chunk}." for chunk in chunk_terms(terms, self.parts)
+        ]
+        return Spawn(objectives, shared_context=self.shared_context)
+
+    @staticmethod
+    def _sum_answers(tool_message: str) -> int | str:
+        total = 0
+        for line in tool_message.splitlines():
+            match = _LINE.match(line.strip())
+            if match is None:
+                return "unknown"
+            total += int(match.group("value"))
+        return total

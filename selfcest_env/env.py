@@ -1,0 +1,608 @@
+"""The SelfCest environment: one task per episode, a tree of contexts, one ledger.
+
+See the README ("The environment contract") for the full contract. In short:
+
+* the root context (id 0) starts with the task; every context is driven by the same policy;
+* exactly one context is *active*: ``obs`` describes it and :meth:`SelfCestEnv.step` acts for
+  it; :meth:`SelfCestEnv.runnable` and :meth:`SelfCestEnv.step_many` are the batch view for
+  drivers that generate several contexts' turns in one model call;
+* a turn with a ``spawn_clone`` call starts clones and the context waits until all of them
+  have returned, then reads one ``label: answer`` line per clone; a turn without a tool call
+  returns (from the root: ends the episode, ``terminated``);
+* a context that cannot act (its context window is full, the generation budget is spent, or
+  it used its last turn on a tool call) fails with a reason that its parent reads; when the
+  root fails the episode is ``truncated`` and ``info["end_reason"]`` says why.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+
+from selfcest_env.budget import Ledger, Limits
+from selfcest_env.prompts import (
+    PromptConfig,
+    answer_line,
+    clone_user_message,
+    root_user_message,
+    spawn_clone_schema,
+    tool_message,
+)
+from selfcest_env.protocol import Action, Objective, ParsedTurn, parse_turn, to_turn_input
+from selfcest_env.reward import RewardConfig, clone_reward, terminal_reward
+from selfcest_env.spaces import action_space, observation_space
+from selfcest_env.tasks.base import TaskInstance, TaskSource, check_split
+from selfcest_env.tokens import TokenCounter, as_token_counter
+from selfcest_env.tree import Context, TurnRecord
+
+RootView = Literal["keys", "full"]
+
+#: ``info["end_reason"]`` values: the root answered, or what ended the episode first.
+END_REASONS: tuple[str, ...] = ("answered", "context_limit", "gen_budget", "turn_limit")
+
+_FAILURE_END_REASON = {
+    "context limit": "context_limit",
+    "budget limit": "gen_budget",
+    "turn limit": "turn_limit",
+}
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Everything that shapes an episode besides the task source.
+
+    Attributes:
+        limits: Token and count limits (:class:`~selfcest_env.budget.Limits`).
+        reward: Reward constants; ``None`` picks the reference rule for the task's domain.
+        prompts: Prompt wording and answer truncation.
+        split: Task split episodes are drawn from (``train``, ``dev`` or ``test``).
+        root_view: QA only: ``"keys"`` shows the root the paragraph titles, ``"full"`` the
+            paragraphs themselves.
+        reveal_answer: Put the gold answer into the final ``info`` (off, so that agents cannot
+            read labels by accident).
+        max_prompt_chars: Upper bound of the prompt text space.
+    """
+
+    limits: Limits = field(default_factory=Limits)
+    reward: RewardConfig | None = None
+    prompts: PromptConfig = field(default_factory=PromptConfig)
+    split: str = "test"
+    root_view: RootView = "keys"
+    reveal_answer: bool = False
+    max_prompt_chars: int = 1 << 26
+
+    def __post_init__(self) -> None:
+        check_split(self.split)
+        if self.root_view not in ("keys", "full"):
+            raise ValueError(f"root_view must be 'keys' or 'full', got {self.root_view!r}")
+
+
+class SelfCestEnv(gym.Env[dict[str, Any], Any]):
+    """A Gymnasium environment in which an agent may spawn clones of itself.
+
+    Args:
+        task: Where episodes come from (a :class:`~selfcest_env.tasks.base.TaskSource`).
+        config: Limits, reward, prompts and split.
+        tokenizer: A Hugging Face tokenizer (exact counts) or ``None`` (the deterministic
+            offline counter of :mod:`selfcest_env.tokens`).
+
+    ``reset(options={"index": i})`` plays instance ``i`` of the split; without it the index is
+    drawn from the seeded generator.
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(
+        self,
+        task: TaskSource,
+        config: EnvConfig | None = None,
+        tokenizer: Any | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self.task = task
+        self.config = config or EnvConfig()
+        self.limits = self.config.limits
+        self.reward_config = self.config.reward or (
+            RewardConfig.qa() if task.domain == "qa" else RewardConfig()
+        )
+        self.counter: TokenCounter = as_token_counter(tokenizer)
+        self.render_mode = render_mode
+        self.observation_space = observation_space(self.config.max_prompt_chars)
+        self.action_space = action_space(self.config.max_prompt_chars)
+        self._contexts: list[Context] = []
+        self._runnable: dict[int, None] = {}
+        self._instance: TaskInstance | None = None
+        self._paragraphs: dict[str, str] = {}
+        self._ledger = Ledger(limits=self.limits)
+        self._end_reason: str | None = None
+        self._final: dict[str, Any] = {}
+        self._started = 0.0
+
+    # ------------------------------------------------------------------ Gymnasium API
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Start an episode on a new task instance; the root context is active."""
+        super().reset(seed=seed)
+        self._instance = self._choose_instance(options or {})
+        self._paragraphs = {item.key: item.text for item in self._instance.context}
+        self._contexts = []
+        self._runnable = {}
+        self._ledger = Ledger(limits=self.limits)
+        self._end_reason = None
+        self._final = {}
+        self._started = time.perf_counter()
+        may_spawn = self.limits.max_depth > 0
+        prompts = self.config.prompts
+        root = Context(
+            id=0,
+            parent=None,
+            depth=0,
+            label="root",
+            objective=self._instance.prompt,
+            messages=[
+                {
+                    "role": "system",
+                    "content": prompts.root_system if may_spawn else prompts.plain_system,
+                },
+                {
+                    "role": "user",
+                    "content": root_user_message(
+                        self._instance.prompt, self._paragraphs, self.config.root_view, may_spawn
+                    ),
+                },
+            ],
+            may_spawn=may_spawn,
+        )
+        self._contexts.append(root)
+        self._enqueue(root)
+        return self._observe(root), self._info(root)
+
+    def step(self, action: Action) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        """Act for the active context (see :mod:`selfcest_env.protocol` for actions)."""
+        self._check_running()
+        self._act(self._contexts[next(iter(self._runnable))], action)
+        return self._step_result()
+
+    def step_many(
+        self, actions: Mapping[int, Action]
+    ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        """Act for several runnable contexts at once (applied in increasing id order).
+
+        Raises:
+            ValueError: when an id is not runnable now (the message lists those that are).
+        """
+        self._check_running()
+        if not actions:
+            raise ValueError("step_many needs at least one {context_id: action} entry")
+        stale = [cid for cid in actions if cid not in self._runnable]
+        if stale:
+            raise ValueError(
+                f"contexts {sorted(stale)} cannot act now; runnable: {sorted(self._runnable)}"
+            )
+        for cid in sorted(actions):
+            if cid in self._runnable:
+                self._act(self._contexts[cid], actions[cid])
+        return self._step_result()
+
+    def runnable(self) -> dict[int, tuple[dict[str, Any], dict[str, Any]]]:
+        """``{context_id: (obs, info)}`` for every context that can act now, in queue order."""
+        if self._end_reason is not None:
+            return {}
+        return {cid: (self._observe(c), self._info(c)) for cid, c in self._runnable_items()}
+
+    def render(self) -> str | None:
+        """With ``render_mode="ansi"``: one line per context (id, depth, status, answer)."""
+        if self.render_mode != "ansi":
+            return None
+        return "\n".join(
+            f"{'  ' * c.depth}[{c.id}] {c.label} {c.status}: {c.result_text()[:60]}"
+            for c in self._contexts
+        )
+
+    # ------------------------------------------------------------------ state queries
+
+    @property
+    def active_context_id(self) -> int | None:
+        """Id of the context that :meth:`step` acts for (``None`` once the episode ended)."""
+        if self._end_reason is not None or not self._runnable:
+            return None
+        return next(iter(self._runnable))
+
+    @property
+    def elapsed_s(self) -> float:
+        """Wall time since :meth:`reset` (kept out of ``info`` so that episodes replay exactly)."""
+        return time.perf_counter() - self._started
+
+    @property
+    def ledger(self) -> Ledger:
+        """The current episode's meters."""
+        return self._ledger
+
+    def gold_answer(self) -> str:
+        """The current instance's gold answer, for evaluation code (never shown to agents)."""
+        if self._instance is None:
+            raise RuntimeError("no episode yet: call reset() first")
+        return self._instance.answer
+
+    # ------------------------------------------------------------------ internals
+
+    def _choose_instance(self, options: Mapping[str, Any]) -> TaskInstance:
+        if "task" in options:
+            if not isinstance(options["task"], TaskInstance):
+                raise TypeError("options['task'] must be a TaskInstance")
+            return options["task"]
+        size = self.task.size(self.config.split)
+        if "index" in options:
+            index = int(options["index"])
+            if index < 0 or (size is not None and index >= size):
+                raise IndexError(
+                    f"options['index']={index} is outside split {self.config.split!r} "
+                    f"of {self.task.name} ({size} instances)"
+                )
+        else:
+            index = int(self.np_random.integers(size if size is not None else 2**31 - 1))
+        return self.task.get(self.config.split, index)
+
+    def _check_running(self) -> None:
+        if self._instance is None:
+            raise RuntimeError("call reset() before step()")
+        if self._end_reason is not None:
+            raise RuntimeError("the episode has ended; call reset() to start a new one")
+
+    def _runnable_items(self):
+        return ((cid, self._contexts[cid]) for cid in self._runnable)
+
+    def _enqueue(self, context: Context) -> None:
+        """Make ``context`` runnable, or fail it at once when it cannot act.
+
+        The root at reset is the exception: it stays active so that ``reset`` can return its
+        observation, and its first step ends the episode.
+        """
+        context.status = "runnable"
+        context.prompt_length = self.counter.count_messages(context.messages)
+        context.length = context.prompt_length
+        context.peak_length = max(context.peak_length, context.length)
+        self._ledger.record_length(context.length, context.parent is None)
+        self._runnable.pop(context.id, None)
+        _, reason = self._allowance(context)
+        if reason is not None and (context.parent is not None or context.turns):
+            self._fail(context, reason)
+            return
+        self._runnable[context.id] = None
+
+    def _fail_all_runnable(self, reason: str) -> None:
+        """Fail every runnable context (the generation budget is spent)."""
+        while self._runnable and self._end_reason is None:
+            self._fail(self._contexts[next(iter(self._runnable))], reason)
+
+    def _allowance(self, context: Context) -> tuple[int | None, str | None]:
+        """Tokens ``context`` may generate now (``None``: unlimited), or 0 and the reason it
+        cannot act."""
+        window = self.limits.context_window
+        room = math.inf if window is None else window - context.prompt_length
+        if room <= 0:
+            return 0, "context limit"
+        budget = self._ledger.remaining_gen_tokens()
+        if budget <= 0:
+            return 0, "budget limit"
+        cap = math.inf if self.limits.max_new_tokens is None else self.limits.max_new_tokens
+        allowance = min(cap, budget, room)
+        return (None if allowance == math.inf else int(allowance)), None
+
+    def _act(self, context: Context, action: Action) -> None:
+        self._take_turn(context, action)
+        if self._end_reason is None and self._ledger.remaining_gen_tokens() <= 0:
+            self._fail_all_runnable("budget limit")
+
+    def _take_turn(self, context: Context, action: Action) -> None:
+        turn = to_turn_input(action)
+        allowance, reason = self._allowance(context)
+        if reason is not None:
+            self._fail(context, reason)
+            return
+        text, token_ids, logprobs = turn.text, turn.token_ids, turn.logprobs
+        if token_ids is not None and logprobs is not None and len(logprobs) != len(token_ids):
+            raise ValueError(
+                f"logprobs has {len(logprobs)} entries for {len(token_ids)} token ids; pass one "
+                "logprob per sampled token"
+            )
+        truncated = False
+        if token_ids is not None:
+            used = len(token_ids)
+            if allowance is not None and used > allowance:
+                token_ids = token_ids[:allowance]
+                logprobs = None if logprobs is None else logprobs[:allowance]
+                decode = getattr(self.counter, "decode_ids", None)
+                text = decode(token_ids) if decode else self.counter.truncate_text(text, allowance)
+                used, truncated = allowance, True
+        else:
+            used = self.counter.count_text(text)
+            if allowance is not None and used > allowance:
+                text = self.counter.truncate_text(text, allowance)
+                used, truncated = min(self.counter.count_text(text), allowance), True
+        record = TurnRecord(
+            index=len(context.turns) + 1,
+            prompt_tokens=context.prompt_length,
+            gen_tokens=used,
+            text=text,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            truncated=truncated,
+        )
+        context.turns.append(record)
+        ledger = self._ledger
+        ledger.prompt_tokens += context.prompt_length
+        ledger.gen_tokens += used
+        ledger.truncated_turns += int(truncated)
+        context.gen_tokens += used
+        context.critical_path_tokens += used
+        context.length = context.prompt_length + used
+        context.peak_length = max(context.peak_length, context.length)
+        ledger.record_length(context.length, context.parent is None)
+        context.messages.append({"role": "assistant", "content": text})
+        parsed = turn.parsed if turn.parsed is not None and not truncated else None
+        if parsed is None:
+            parsed = parse_turn(text, self.limits.max_tool_calls_per_turn)
+        record.repairs = list(parsed.repairs)
+        ledger.tool_repairs += len(parsed.repairs)
+        if parsed.is_return:
+            context.answer, context.marked = parsed.answer, parsed.marked
+            context.status = "returned"
+            self._runnable.pop(context.id, None)
+            self._finish(context)
+            return
+        record.errors = list(parsed.errors)
+        ledger.tool_errors += len(parsed.errors)
+        if self.limits.max_turns is not None and len(context.turns) >= self.limits.max_turns:
+            self._fail(context, "turn limit")
+            return
+        self._spawn(context, parsed, record)
+
+    def _spawn(self, context: Context, parsed: ParsedTurn, record: TurnRecord) -> None:
+        lines: list[str | None] = []
+        prompts = self.config.prompts
+        limits = self.limits
+        number = 0
+        for call in parsed.calls:
+            if not context.may_spawn:
+                record.errors.append("spawn_clone is not available: depth limit reached")
+                self._ledger.tool_errors += 1
+            else:
+                self._ledger.spawn_calls += 1
+            for position, objective in enumerate(call.objectives):
+                number += 1
+                label = objective.name or f"turn{record.index}_clone{number}"
+                failure = None
+                if not context.may_spawn:
+                    failure = "failed due to depth limit"
+                elif limits.max_clones_per_call is not None and position >= (
+                    limits.max_clones_per_call
+                ):
+                    failure = "failed due to clone limit"
+                elif limits.max_contexts is not None and len(self._contexts) >= (
+                    limits.max_contexts
+                ):
+                    failure = "failed due to context count limit"
+                if failure is not None:
+                    if context.may_spawn:
+                        self._ledger.tool_errors += 1
+                    lines.append(answer_line(label, failure, prompts))
+                    continue
+                child = self._new_clone(context, objective, label)
+                record.children.append(child.id)
+                context.waiting_slots[child.id] = len(lines)
+                lines.append(None)
+        lines.extend(f"error: {error}" for error in record.errors)
+        if record.children:
+            context.status = "waiting"
+            context.waiting_lines = lines
+            context.waiting_critical_path = 0
+            self._runnable.pop(context.id, None)
+            for child_id in record.children:
+                self._enqueue(self._contexts[child_id])
+            return
+        context.messages.append({"role": "tool", "content": tool_message(lines, prompts)})
+        self._enqueue(context)
+
+    def _new_clone(self, parent: Context, objective: Objective, label: str) -> Context:
+        depth = parent.depth + 1
+        may_spawn = depth < self.limits.max_depth
+        prompts = self.config.prompts
+        system = prompts.clone_system
+        if may_spawn:
+            system = f"{system}\n{prompts.clone_spawn_note}"
+        user, missing = clone_user_message(
+            objective.instruction, objective.shared_context, self._paragraphs
+        )
+        child = Context(
+            id=len(self._contexts),
+            parent=parent.id,
+            depth=depth,
+            label=label,
+            objective=objective.instruction,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+            may_spawn=may_spawn,
+        )
+        self._contexts.append(child)
+        self._ledger.clones += 1
+        self._ledger.max_depth = max(self._ledger.max_depth, depth)
+        self._ledger.missing_context_keys += missing
+        return child
+
+    def _fail(self, context: Context, reason: str) -> None:
+        context.status = "failed"
+        context.failure = f"failed due to {reason}"
+        self._runnable.pop(context.id, None)
+        self._finish(context)
+
+    def _finish(self, context: Context) -> None:
+        if context.parent is None:
+            self._end_episode(context)
+            return
+        parent = self._contexts[context.parent]
+        slot = parent.waiting_slots.pop(context.id)
+        parent.waiting_lines[slot] = answer_line(
+            context.label, context.result_text(), self.config.prompts
+        )
+        parent.waiting_critical_path = max(
+            parent.waiting_critical_path, context.critical_path_tokens
+        )
+        if parent.waiting_slots:
+            return
+        parent.critical_path_tokens += parent.waiting_critical_path
+        lines = [line for line in parent.waiting_lines if line is not None]
+        parent.waiting_lines = []
+        parent.messages.append(
+            {"role": "tool", "content": tool_message(lines, self.config.prompts)}
+        )
+        self._enqueue(parent)
+
+    def _end_episode(self, root: Context) -> None:
+        assert self._instance is not None
+        if root.status == "returned":
+            self._end_reason = "answered"
+            grade = self.task.grade(self._instance, root.answer or "")
+        else:
+            self._end_reason = _FAILURE_END_REASON[root.failure.removeprefix("failed due to ")]
+            grade = None
+        score = 0.0 if grade is None else float(grade.score)
+        self._ledger.critical_path_tokens = root.critical_path_tokens
+        per_turn = [
+            [self._contexts[cid].gen_tokens for cid in turn.children]
+            for turn in root.turns
+            if turn.children
+        ]
+        root_calls = sum(1 for turn in root.turns if turn.children)
+        breakdown = terminal_reward(
+            self.reward_config,
+            score,
+            root.gen_tokens,
+            per_turn,
+            self._ledger.tool_repairs,
+            root_calls,
+        )
+        root.reward = breakdown.reward
+        for context in self._contexts[1:]:
+            context.reward = clone_reward(
+                self.reward_config, breakdown.reward, context.marked, context.gen_tokens
+            )
+        self._runnable.clear()
+        self._final = {
+            "end_reason": self._end_reason,
+            "task_id": self._instance.task_id,
+            "answer": root.answer,
+            "score": score,
+            "correct": bool(grade.correct) if grade is not None else False,
+            "grade_details": dict(grade.details) if grade is not None else {},
+            "reward_breakdown": {
+                "score": breakdown.score,
+                "root_penalty": breakdown.root_penalty,
+                "clone_penalty": breakdown.clone_penalty,
+                "repair_penalty": breakdown.repair_penalty,
+                "tool_call_penalty": breakdown.tool_call_penalty,
+            },
+            "context_rewards": {c.id: c.reward for c in self._contexts},
+        }
+        self._final["trace"] = self.trace()
+        if self.config.reveal_answer:
+            self._final["gold_answer"] = self._instance.answer
+            self._final["gold_aliases"] = list(self._instance.aliases)
+
+    def trace(self) -> dict[str, Any]:
+        """The whole tree so far: per context its messages, turns, usage, answer and reward."""
+        assert self._instance is not None
+        return {
+            "task_id": self._instance.task_id,
+            "source": self.task.name,
+            "split": self.config.split,
+            "end_reason": self._end_reason,
+            "reward": self._contexts[0].reward if self._contexts else None,
+            "meters": self._ledger.meters(),
+            "contexts": [c.to_dict() for c in self._contexts],
+        }
+
+    def _step_result(self) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        if self._end_reason is not None:
+            root = self._contexts[0]
+            info = self._info(root)
+            info.update(self._final)
+            terminated = self._end_reason == "answered"
+            return self._observe(root), float(root.reward or 0.0), terminated, not terminated, info
+        active = self._contexts[next(iter(self._runnable))]
+        return self._observe(active), 0.0, False, False, self._info(active)
+
+    def _budgets(self, context: Context) -> dict[str, float]:
+        allowance, _ = self._allowance(context)
+        window = self.limits.context_window
+        turns = self.limits.max_turns
+        return {
+            "max_new_tokens": math.inf if allowance is None else float(allowance),
+            "remaining_gen_tokens": float(self._ledger.remaining_gen_tokens()),
+            "remaining_context_tokens": math.inf
+            if window is None
+            else float(max(0, window - context.length)),
+            "remaining_turns": math.inf if turns is None else float(turns - len(context.turns)),
+        }
+
+    def _observe(self, context: Context) -> dict[str, Any]:
+        obs: dict[str, Any] = {
+            "context_id": np.array(context.id, dtype=np.int64),
+            "depth": np.array(context.depth, dtype=np.int64),
+            "prompt": render_messages(context.messages),
+        }
+        for key, value in self._budgets(context).items():
+            obs[key] = np.array(value, dtype=np.float64)
+        return obs
+
+    def _info(self, context: Context) -> dict[str, Any]:
+        allowance, _ = self._allowance(context)
+        return {
+            "context_id": context.id,
+            "depth": context.depth,
+            "label": context.label,
+            "turn": len(context.turns) + 1,
+            "messages": [dict(m) for m in context.messages],
+            "tools": [spawn_clone_schema()] if context.may_spawn else [],
+            "max_new_tokens": allowance,
+            "meters": self._ledger.meters(),
+            "runnable": len(self._runnable),
+        }
+
+
+def render_messages(messages: list[dict[str, str]]) -> str:
+    """The plain-text prompt of a context: ``<|role|>`` headers before each message."""
+    return "\n".join(f"<|{m['role']}|>\n{m['content']}" for m in messages)
+
+
+_CONFIG_FIELDS = {f.name for f in fields(EnvConfig)}
+_LIMIT_FIELDS = {f.name for f in fields(Limits)}
+
+
+def split_env_kwargs(
+    kwargs: Mapping[str, Any], config: EnvConfig | None = None
+) -> tuple[EnvConfig, dict[str, Any]]:
+    """Route keyword arguments to :class:`EnvConfig`, :class:`Limits` or the task source.
+
+    ``gym.make("SelfCest-Math-v0", max_depth=2, split="dev", preset="easy")`` sets a limit,
+    a config field and a source argument in one call.
+    """
+    config = config or EnvConfig()
+    config_updates = {k: v for k, v in kwargs.items() if k in _CONFIG_FIELDS}
+    limit_updates = {k: v for k, v in kwargs.items() if k in _LIMIT_FIELDS}
+    source_kwargs = {
+        k: v for k, v in kwargs.items() if k not in _CONFIG_FIELDS and k not in _LIMIT_FIELDS
+    }
+    if limit_updates:
+        base = config_updates.get("limits", config.limits)
+        config_updates["limits"] = replace(base, **limit_updates)
+    return replace(config, **config_updates), source_kwargs

@@ -1,0 +1,389 @@
+"""The action protocol: structured actions, their text form, and the tolerant turn parser.
+
+A turn is either plain text (what a model wrote) or a structured :class:`Spawn` / :class:`Return`.
+Text turns use the Hermes/Qwen tool-call format::
+
+    <tool_call>{"name": "spawn_clone", "arguments": {"objectives": ["..."],
+                "shared_context": ["key", ...]}}</tool_call>
+
+A turn with at least one ``<tool_call>`` block spawns; a turn without one returns, its answer
+being the text after the last ``Answer:`` marker, else its last non-empty line.
+
+:func:`parse_turn` never raises: a malformed call is *repaired* when the intent is unambiguous
+(the repair is recorded so that the reward can charge it) and otherwise reported as an *error*
+string that the environment sends back to the model as a tool message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+TOOL_NAME = "spawn_clone"
+
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_ANSWER_MARKER = re.compile(r"answer\s*:", re.IGNORECASE)
+_THINK_END = "</think>"
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+_TRAILING_COMMA = re.compile(r",\s*([}\]])")
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One clone's task: an instruction, an optional label and the context keys it receives."""
+
+    instruction: str
+    name: str | None = None
+    shared_context: tuple[str, ...] = ()
+
+    def to_json(self) -> str | dict[str, Any]:
+        """The JSON value of this objective inside a ``spawn_clone`` call."""
+        if self.name is None and not self.shared_context:
+            return self.instruction
+        value: dict[str, Any] = {"instruction": self.instruction}
+        if self.name is not None:
+            value["name"] = self.name
+        if self.shared_context:
+            value["shared_context"] = list(self.shared_context)
+        return value
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """Spawn one clone per objective.
+
+    ``shared_context`` keys go to every clone, on top of each objective's own keys. ``text`` is
+    the turn as the model wrote it (by default the canonical tool call); ``token_ids`` and
+    ``logprobs`` are the sampled tokens, when known: the ledger then counts exactly those.
+    """
+
+    objectives: Sequence[Objective | str]
+    shared_context: Sequence[str] = ()
+    text: str | None = None
+    token_ids: Sequence[int] | None = None
+    logprobs: Sequence[float] | None = None
+
+    def to_text(self) -> str:
+        """The canonical text form: one ``<tool_call>`` block."""
+        arguments: dict[str, Any] = {
+            "objectives": [
+                o.to_json() if isinstance(o, Objective) else str(o) for o in self.objectives
+            ]
+        }
+        if self.shared_context:
+            arguments["shared_context"] = list(self.shared_context)
+        payload = json.dumps({"name": TOOL_NAME, "arguments": arguments}, ensure_ascii=False)
+        return f"<tool_call>{payload}</tool_call>"
+
+
+@dataclass(frozen=True)
+class Return:
+    """Return ``answer`` to the parent (or, from the root, end the episode with it)."""
+
+    answer: str
+    text: str | None = None
+    token_ids: Sequence[int] | None = None
+    logprobs: Sequence[float] | None = None
+
+    def to_text(self) -> str:
+        """The canonical text form: ``Answer: <answer>``."""
+        return f"Answer: {self.answer}"
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A raw model turn with, optionally, the sampled token ids and their logprobs."""
+
+    text: str
+    token_ids: Sequence[int] | None = None
+    logprobs: Sequence[float] | None = None
+
+
+Action = str | Turn | Spawn | Return
+
+
+@dataclass(frozen=True)
+class SpawnCall:
+    """One valid ``spawn_clone`` call after parsing and repair."""
+
+    objectives: tuple[Objective, ...]
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    """What a turn asks for.
+
+    Attributes:
+        calls: Valid spawn calls, in order.
+        errors: One message per rejected call (sent back to the model).
+        repairs: One description per repair applied.
+        answer: The returned answer when the turn has no tool call, else ``None``.
+        marked: Whether the answer followed an explicit ``Answer:`` marker.
+    """
+
+    calls: tuple[SpawnCall, ...] = ()
+    errors: tuple[str, ...] = ()
+    repairs: tuple[str, ...] = ()
+    answer: str | None = None
+    marked: bool = False
+
+    @property
+    def is_return(self) -> bool:
+        """True when the turn returns an answer instead of calling the tool."""
+        return self.answer is not None
+
+
+@dataclass(frozen=True)
+class TurnInput:
+    """An action reduced to text, optional token ids / logprobs, and its parse when structured."""
+
+    text: str
+    token_ids: tuple[int, ...] | None
+    logprobs: tuple[float, ...] | None
+    parsed: ParsedTurn | None = field(default=None)
+
+
+def to_turn_input(action: Action) -> TurnInput:
+    """Normalise any accepted action into a :class:`TurnInput`.
+
+    Raises:
+        TypeError: when ``action`` is none of ``str``, :class:`Turn`, :class:`Spawn`,
+            :class:`Return`.
+    """
+    if isinstance(action, str):
+        return TurnInput(action, None, None)
+    if isinstance(action, (Turn, Spawn, Return)):
+        token_ids = None if action.token_ids is None else tuple(int(t) for t in action.token_ids)
+        logprobs = None if action.logprobs is None else tuple(float(x) for x in action.logprobs)
+        if isinstance(action, Turn):
+            return TurnInput(action.text, token_ids, logprobs)
+        text = action.text if action.text is not None else action.to_text()
+        if isinstance(action, Return):
+            parsed = ParsedTurn(answer=action.answer.strip(), marked=True)
+        else:
+            parsed = _structured_spawn(action)
+        return TurnInput(text, token_ids, logprobs, parsed)
+    raise TypeError(f"an action must be a str, Turn, Spawn or Return, not {type(action).__name__}")
+
+
+def _structured_spawn(action: Spawn) -> ParsedTurn:
+    """Validate a structured :class:`Spawn` with the same rules as a parsed tool call."""
+    arguments = {
+        "objectives": [o.to_json() if isinstance(o, Objective) else o for o in action.objectives],
+        "shared_context": list(action.shared_context),
+    }
+    repairs: list[str] = []
+    call, error = _validate_call({"name": TOOL_NAME, "arguments": arguments}, repairs)
+    return ParsedTurn(
+        calls=() if call is None else (call,),
+        errors=() if error is None else (error,),
+        repairs=tuple(repairs),
+    )
+
+
+def extract_answer(text: str) -> tuple[str, bool]:
+    """The answer in a returning turn and whether an ``Answer:`` marker introduced it.
+
+    Text after a closing ``</think>`` is preferred; within it, the text after the last
+    ``Answer:`` marker, else the last non-empty line.
+    """
+    if _THINK_END in text:
+        text = text.rsplit(_THINK_END, 1)[1]
+    markers = list(_ANSWER_MARKER.finditer(text))
+    if markers:
+        return text[markers[-1].end() :].strip(), True
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (lines[-1] if lines else ""), False
+
+
+def parse_turn(text: str, max_tool_calls: int = 10) -> ParsedTurn:
+    """Parse one model turn; never raises (see the module docstring)."""
+    bodies, repairs = _tool_call_bodies(text)
+    if not bodies:
+        answer, marked = extract_answer(text)
+        return ParsedTurn(answer=answer, marked=marked)
+    calls: list[SpawnCall] = []
+    errors: list[str] = []
+    for number, body in enumerate(bodies, start=1):
+        if number > max_tool_calls:
+            errors.append(
+                f"tool call {number} ignored: at most {max_tool_calls} tool calls per turn"
+            )
+            continue
+        payload, error = _load_json(body, repairs)
+        if error is None:
+            call, error = _validate_call(payload, repairs)
+            if call is not None:
+                calls.append(call)
+        if error is not None:
+            errors.append(f"tool call {number}: {error}")
+    return ParsedTurn(calls=tuple(calls), errors=tuple(errors), repairs=tuple(repairs))
+
+
+def _tool_call_bodies(text: str) -> tuple[list[str], list[str]]:
+    """The bodies of the ``<tool_call>`` blocks in ``text`` and the repairs needed to find them."""
+    bodies = [m.group(1) for m in _TOOL_CALL.finditer(text)]
+    repairs: list[str] = []
+    tail_start = text.rfind("</tool_call>")
+    tail = text[tail_start + len("</tool_call>") :] if tail_start >= 0 else text
+    opening = tail.find("<tool_call>")
+    if opening >= 0:
+        bodies.append(tail[opening + len("<tool_call>") :])
+        repairs.append("closed an unterminated <tool_call> block")
+    if not bodies and TOOL_NAME in text and "{" in text:
+        candidate = text[text.find("{") : text.rfind("}") + 1]
+        payload, error = _decode(candidate)
+        if error is None and isinstance(payload, dict) and payload.get("name") == TOOL_NAME:
+            bodies.append(candidate)
+            repairs.append("read a spawn_clone call written without <tool_call> tags")
+    return bodies, repairs
+
+
+def _load_json(body: str, repairs: list[str]) -> tuple[Any, str | None]:
+    """Decode a tool-call body, repairing code fences, quotes, trailing commas and brackets."""
+    body = body.strip()
+    fenced = _FENCE.match(body)
+    if fenced:
+        body = fenced.group(1)
+        repairs.append("removed a code fence around the tool call")
+    if not body:
+        return None, "empty tool call: write a JSON object with 'name' and 'arguments'"
+    payload, first_error = _decode(body)
+    if first_error is None:
+        return payload, None
+    candidates = []
+    fixed = _TRAILING_COMMA.sub(r"\1", body)
+    candidates.append(fixed)
+    if '"' not in fixed:
+        candidates.append(fixed.replace("'", '"'))
+    for candidate in list(candidates):
+        closed = _close_brackets(candidate)
+        if closed is not None:
+            candidates.append(closed)
+    for candidate in candidates:
+        payload, error = _decode(candidate)
+        if error is None:
+            repairs.append("repaired invalid JSON in a tool call")
+            return payload, None
+    return None, (
+        f"invalid JSON ({first_error}); write "
+        '{"name": "spawn_clone", "arguments": {"objectives": ["..."]}}'
+    )
+
+
+def _decode(text: str) -> tuple[Any, str | None]:
+    """``json.loads`` that reports, instead of raising, bad or absurdly nested JSON."""
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as error:
+        return None, f"{error.msg} at character {error.pos}"
+    except RecursionError:
+        return None, "nested too deeply"
+
+
+def _close_brackets(text: str) -> str | None:
+    """``text`` with its unclosed ``{``/``[`` closed, or ``None`` when it is not that simple."""
+    stack: list[str] = []
+    in_string = False
+    escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            stack.append("}" if char == "{" else "]")
+        elif char in "}]" and (not stack or stack.pop() != char):
+            return None
+    if in_string or not stack:
+        return None
+    return text + "".join(reversed(stack))
+
+
+def _validate_call(payload: Any, repairs: list[str]) -> tuple[SpawnCall | None, str | None]:
+    """Check a decoded call against the ``spawn_clone`` schema, repairing what is unambiguous."""
+    if not isinstance(payload, dict):
+        return None, "a tool call must be a JSON object with 'name' and 'arguments'"
+    name = payload.get("name")
+    arguments = payload.get("arguments", payload.get("parameters"))
+    if name is None:
+        if arguments is None and "objectives" not in payload:
+            return None, "the tool call has no 'name'; the only tool is spawn_clone"
+        repairs.append("assumed the missing tool name spawn_clone")
+    elif name != TOOL_NAME:
+        return None, f"unknown tool {str(name)[:40]!r}; the only tool is spawn_clone"
+    if arguments is None and "objectives" in payload:
+        arguments = {k: v for k, v in payload.items() if k != "name"}
+        repairs.append("read arguments written next to the tool name")
+    if isinstance(arguments, str):
+        arguments, error = _decode(arguments)
+        if error is not None:
+            return None, "'arguments' is a string that is not JSON; pass a JSON object"
+        repairs.append("decoded arguments given as a JSON string")
+    if not isinstance(arguments, dict):
+        return None, "'arguments' must be an object with 'objectives' and 'shared_context'"
+    shared, error = _keys(arguments.get("shared_context"), "shared_context", repairs)
+    if error is not None:
+        return None, error
+    raw_objectives = arguments.get("objectives")
+    if isinstance(raw_objectives, (str, dict)):
+        raw_objectives = [raw_objectives]
+        repairs.append("wrapped a single objective in a list")
+    if not isinstance(raw_objectives, list) or not raw_objectives:
+        return None, "'objectives' must be a non-empty list of instructions"
+    objectives: list[Objective] = []
+    for number, raw in enumerate(raw_objectives, start=1):
+        objective, error = _objective(raw, number, shared, repairs)
+        if error is not None:
+            return None, error
+        objectives.append(objective)
+    return SpawnCall(tuple(objectives)), None
+
+
+def _objective(
+    raw: Any, number: int, shared: tuple[str, ...], repairs: list[str]
+) -> tuple[Objective | None, str | None]:
+    """One objective from its JSON value (a string or an object with ``instruction``)."""
+    if isinstance(raw, str):
+        if not raw.strip():
+            return None, f"objective {number} is empty"
+        return Objective(raw.strip(), None, shared), None
+    if not isinstance(raw, dict):
+        return None, f"objective {number} must be a string or an object with 'instruction'"
+    instruction = raw.get("instruction")
+    if instruction is None:
+        for alias in ("objective", "task", "prompt"):
+            if isinstance(raw.get(alias), str):
+                instruction = raw[alias]
+                repairs.append(f"read objective {number}'s instruction from '{alias}'")
+                break
+    if not isinstance(instruction, str) or not instruction.strip():
+        return None, f"objective {number} needs a non-empty string 'instruction'"
+    name = raw.get("name")
+    if name is not None and not isinstance(name, str):
+        return None, f"objective {number}: 'name' must be a string"
+    own, error = _keys(raw.get("shared_context"), f"objective {number} shared_context", repairs)
+    if error is not None:
+        return None, error
+    keys = tuple(dict.fromkeys(shared + own))
+    return Objective(instruction.strip(), name.strip() if name else None, keys), None
+
+
+def _keys(raw: Any, where: str, repairs: list[str]) -> tuple[tuple[str, ...], str | None]:
+    """A tuple of context keys from ``None``, a string or a list of strings."""
+    if raw is None:
+        return (), None
+    if isinstance(raw, str):
+        repairs.append(f"wrapped a single {where} key in a list")
+        return (raw,), None
+    if not isinstance(raw, list) or not all(isinstance(k, str) for k in raw):
+        return (), f"'{where}' must be a list of context keys (strings)"
+    return tuple(raw), None

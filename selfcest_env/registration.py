@@ -1,0 +1,64 @@
+"""Registered environment ids and the factories behind them.
+
+* ``SelfCest-Math-v0``: built-in arithmetic by default; ``source=`` picks another math source
+  (see :func:`selfcest_env.tasks.math.make_math_source`).
+* ``SelfCest-MultiHopQA-v0``: built-in synthetic multi-hop QA by default; ``source=`` picks a
+  dataset loader (see :func:`selfcest_env.tasks.qa.make_qa_source`).
+
+Keyword arguments are routed by name: :class:`~selfcest_env.env.EnvConfig` fields (``split``,
+``root_view``, ...), :class:`~selfcest_env.budget.Limits` fields (``max_depth``,
+``gen_budget``, ...), ``tokenizer``, and everything else to the task source.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+from selfcest_env.env import EnvConfig, SelfCestEnv, split_env_kwargs
+
+MATH_ENV_ID = "SelfCest-Math-v0"
+QA_ENV_ID = "SelfCest-MultiHopQA-v0"
+
+
+def make_math_env(
+    source: str = "arithmetic",
+    *,
+    config: EnvConfig | None = None,
+    tokenizer: Any | None = None,
+    render_mode: str | None = None,
+    **kwargs: Any,
+) -> SelfCestEnv:
+    """A :class:`SelfCestEnv` over a math source (the entry point of ``SelfCest-Math-v0``)."""
+    from selfcest_env.tasks.math import make_math_source
+
+    env_config, source_kwargs = split_env_kwargs(kwargs, config)
+    return SelfCestEnv(
+        make_math_source(source, **source_kwargs), env_config, tokenizer, render_mode
+    )
+
+
+def make_qa_env(
+    source: str = "synthetic",
+    *,
+    config: EnvConfig | None = None,
+    tokenizer: Any | None = None,
+    render_mode: str | None = None,
+    **kwargs: Any,
+) -> SelfCestEnv:
+    """A :class:`SelfCestEnv` over a QA source (the entry point of ``SelfCest-MultiHopQA-v0``)."""
+    from selfcest_env.tasks.qa import make_qa_source
+
+    env_config, source_kwargs = split_env_kwargs(kwargs, config)
+    return SelfCestEnv(make_qa_source(source, **source_kwargs), env_config, tokenizer, render_mode)
+
+
+def register_envs() -> None:
+    """Register the SelfCest ids with Gymnasium (idempotent)."""
+    for env_id, entry_point in (
+        (MATH_ENV_ID, "selfcest_env.registration:make_math_env"),
+        (QA_ENV_ID, "selfcest_env.registration:make_qa_env"),
+    ):
+        if env_id not in gym.registry:
+            gym.register(id=env_id, entry_point=entry_point)

@@ -1,0 +1,1 @@
+"""Task suites: math and multi-hop QA sources behind one protocol (:mod:`.base`)."""

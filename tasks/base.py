@@ -1,0 +1,84 @@
+"""The task protocol: what an environment needs from a task source.
+
+A :class:`TaskSource` is a deterministic, indexable collection of :class:`TaskInstance` objects
+per split (``train`` / ``dev`` / ``test``) plus a grader. Generators are unbounded
+(:meth:`TaskSource.size` returns ``None``) and build instance ``i`` of a split from a seed
+derived from ``(seed, split, i)``; dataset loaders are finite.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+SPLITS: tuple[str, ...] = ("train", "dev", "test")
+
+Domain = Literal["math", "qa"]
+
+
+@dataclass(frozen=True)
+class ContextItem:
+    """One keyed piece of context (a QA paragraph): ``key`` is its title, ``text`` its body."""
+
+    key: str
+    text: str
+
+
+@dataclass(frozen=True)
+class TaskInstance:
+    """One problem.
+
+    Attributes:
+        task_id: Stable identifier, unique within its source and split.
+        prompt: The question as shown to the root agent.
+        answer: The gold answer (never shown to agents unless the env is asked to reveal it).
+        aliases: Other accepted spellings of the gold answer.
+        context: Keyed paragraphs (QA); empty for math.
+        metadata: Source-specific facts (operator count, hops, question type, ...).
+    """
+
+    task_id: str
+    prompt: str
+    answer: str
+    aliases: tuple[str, ...] = ()
+    context: tuple[ContextItem, ...] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Grade:
+    """The outcome of grading one answer: ``score`` in [0, 1] and whether it counts as correct."""
+
+    score: float
+    correct: bool
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+class TaskSource(abc.ABC):
+    """A deterministic source of task instances with a grader."""
+
+    #: Stable name used in result files (for example ``"arithmetic"`` or ``"gsm8k"``).
+    name: str = "task"
+    #: ``"math"`` or ``"qa"``.
+    domain: Domain = "math"
+
+    @abc.abstractmethod
+    def size(self, split: str) -> int | None:
+        """Number of instances in ``split``, or ``None`` for an unbounded generator."""
+
+    @abc.abstractmethod
+    def get(self, split: str, index: int) -> TaskInstance:
+        """Instance ``index`` of ``split``; the same arguments always give the same instance."""
+
+    @abc.abstractmethod
+    def grade(self, instance: TaskInstance, answer: str) -> Grade:
+        """Grade ``answer`` (the text a root agent returned) against ``instance``."""
+
+
+def check_split(split: str) -> str:
+    """Return ``split`` if it is one of :data:`SPLITS`, else raise a ``ValueError`` naming them."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    return split

@@ -1,0 +1,1 @@
+"""Multi-hop QA task sources."""
