@@ -1,0 +1,519 @@
+"""Leaderboards: one row per run folder, Pareto flags per cost meter, CSV and plots.
+
+Rows come from the run folders of :mod:`selfcest_env.results` (the spec and the complete lines
+of ``episodes.jsonl``; folders are only read, never repaired). Columns and their dtypes are
+listed in :data:`LEADERBOARD_DTYPES`.
+
+Pareto frontier (per cost meter in :data:`~selfcest_env.results.COST_METERS`, on the *mean*
+cost, within groups of equal ``env_id`` + ``source`` + ``split``): a run is on the frontier when
+no other run of its group dominates it, where *a dominates b* means ``cost_a <= cost_b`` and
+``acc_a >= acc_b`` with at least one of the two strict. Consequences, chosen on purpose:
+
+* two identical points (same cost, same accuracy) do not dominate each other, so both are on
+  the frontier (or both off it, when a third point dominates them);
+* a single point is on the frontier;
+* among points with equal accuracy only the cheapest ones are on it, among points with equal
+  cost only the most accurate ones;
+* a row with a missing (NaN) cost or accuracy is never on the frontier and dominates nothing.
+
+Requires the ``leaderboard`` extra (pandas, matplotlib).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from selfcest_env.results import (
+    ANSWERED,
+    COST_METERS,
+    METERS,
+    ResultsError,
+    _sanitise,
+    atomic_write_text,
+    is_run_dir,
+    load_run,
+    quantile,
+    wilson_interval,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "GROUP_KEYS",
+    "LEADERBOARD_COLUMNS",
+    "LEADERBOARD_DTYPES",
+    "METER_LABELS",
+    "PARETO_METERS",
+    "build_leaderboard",
+    "build_leaderboard_rows",
+    "find_run_dirs",
+    "format_tokens",
+    "pareto_flags",
+    "plot_leaderboard",
+    "read_leaderboard_csv",
+    "run_row",
+    "wilson_interval",
+    "write_leaderboard_csv",
+]
+
+#: Cost meters that get a ``pareto_<meter>`` column and a plot.
+PARETO_METERS: tuple[str, ...] = COST_METERS
+
+#: Columns whose equal values form one comparison group (frontiers never cross groups).
+GROUP_KEYS: tuple[str, ...] = ("env_id", "source", "split")
+
+#: Axis labels (with units) of the meters.
+METER_LABELS: dict[str, str] = {
+    "gen_tokens": "generated tokens per episode, all contexts (mean, tokens)",
+    "prompt_tokens": "prompt (prefill) tokens per episode (mean, tokens)",
+    "critical_path_tokens": (
+        "critical-path tokens per episode, sequential generation (mean, tokens)"
+    ),
+    "peak_context_tokens": "peak context length per episode, any context (mean, tokens)",
+    "root_peak_context_tokens": "peak root context length per episode (mean, tokens)",
+    "clones": "clones per episode (mean)",
+    "spawn_calls": "spawn calls per episode (mean)",
+    "max_depth": "max spawn depth per episode (mean)",
+    "tool_errors": "tool errors per episode (mean)",
+    "tool_repairs": "tool repairs per episode (mean)",
+    "wall_time_s": "wall time per episode (mean, s)",
+}
+
+
+def _build_dtypes() -> dict[str, str]:
+    dtypes: dict[str, str] = {
+        "run_id": "string",
+        "env_id": "string",
+        "source": "string",
+        "split": "string",
+        "agent": "string",
+        "model": "string",
+        "backend": "string",
+        "budget": "string",
+        "seed": "int64",
+        "n": "int64",
+        "n_correct": "int64",
+        "n_failed": "int64",
+        "accuracy": "float64",
+        "acc_ci_low": "float64",
+        "acc_ci_high": "float64",
+        "mean_score": "float64",
+        "mean_reward": "float64",
+    }
+    for meter in METERS:
+        for stat in ("mean", "p50", "p95"):
+            dtypes[f"{meter}_{stat}"] = "float64"
+    dtypes["wall_time_s"] = "float64"
+    for meter in PARETO_METERS:
+        dtypes[f"pareto_{meter}"] = "bool"
+    return dtypes
+
+
+#: Column -> pandas dtype of a leaderboard, in column order.
+#:
+#: * ``run_id`` (folder name), ``env_id``, ``source``, ``split``, ``agent``, ``model``,
+#:   ``backend``, ``budget`` (the budget label): ``string``;
+#: * ``seed``, ``n`` (episodes), ``n_correct``, ``n_failed`` (episodes whose end reason is not
+#:   ``"answered"``): ``int64``;
+#: * ``accuracy`` (fraction correct), ``acc_ci_low`` / ``acc_ci_high`` (95% Wilson interval),
+#:   ``mean_score``, ``mean_reward``: ``float64``;
+#: * ``<meter>_mean`` / ``<meter>_p50`` / ``<meter>_p95`` for every meter in
+#:   :data:`~selfcest_env.results.METERS` (tokens or counts per episode; ``wall_time_s_*`` in
+#:   seconds): ``float64``;
+#: * ``wall_time_s``: summed episode wall time of the run, seconds: ``float64``;
+#: * ``pareto_<meter>`` for every meter in :data:`PARETO_METERS`: ``bool``.
+LEADERBOARD_DTYPES: dict[str, str] = _build_dtypes()
+
+#: Leaderboard columns in order.
+LEADERBOARD_COLUMNS: tuple[str, ...] = tuple(LEADERBOARD_DTYPES)
+
+
+# --------------------------------------------------------------------------------------------
+# Pareto
+
+
+def pareto_flags(costs: Sequence[float], accuracies: Sequence[float]) -> list[bool]:
+    """For each point, whether it is on the (min cost, max accuracy) Pareto frontier.
+
+    A point is off the frontier when another point has cost ``<=`` and accuracy ``>=`` with at
+    least one strict; identical points are therefore both on it. NaN points are never on it.
+    ``O(n log n)``: one sort by (cost, -accuracy), then one sweep.
+    """
+    if len(costs) != len(accuracies):
+        raise ValueError(
+            f"costs and accuracies differ in length: {len(costs)} vs {len(accuracies)}"
+        )
+    cost = [float(c) for c in costs]
+    acc = [float(a) for a in accuracies]
+    flags = [False] * len(cost)
+    valid = [i for i in range(len(cost)) if not (math.isnan(cost[i]) or math.isnan(acc[i]))]
+    order = sorted(valid, key=lambda i: (cost[i], -acc[i]))
+    best_cheaper = -math.inf  # best accuracy among points strictly cheaper than the current group
+    start = 0
+    while start < len(order):
+        stop = start
+        group_cost = cost[order[start]]
+        while stop < len(order) and cost[order[stop]] == group_cost:
+            stop += 1
+        group_best = acc[order[start]]  # sorted by -accuracy inside a cost group
+        for i in order[start:stop]:
+            flags[i] = acc[i] > best_cheaper and acc[i] == group_best
+        best_cheaper = max(best_cheaper, group_best)
+        start = stop
+    return flags
+
+
+# --------------------------------------------------------------------------------------------
+# Rows
+
+
+def find_run_dirs(root: str | Path) -> list[Path]:
+    """Run folders (folders holding ``run_spec.json``) at or below ``root``, sorted."""
+    root = Path(root)
+    if is_run_dir(root):
+        return [root]
+    if not root.is_dir():
+        raise ResultsError(f"{root} is not a folder")
+    return sorted(p.parent for p in root.rglob("run_spec.json") if p.is_file())
+
+
+def _as_run_dirs(runs: str | Path | Iterable[str | Path]) -> list[Path]:
+    if isinstance(runs, str | Path):
+        return find_run_dirs(runs)
+    out: list[Path] = []
+    for item in runs:
+        out.extend(find_run_dirs(item))
+    return out
+
+
+def run_row(path: str | Path) -> dict[str, Any] | None:
+    """The leaderboard row of one run folder (without Pareto flags); ``None`` if it has no
+    complete episode yet."""
+    run = load_run(path)
+    eps = run.episodes
+    n = len(eps)
+    if n == 0:
+        logger.warning("skipping run %s: no episodes yet", path)
+        return None
+    spec = run.spec
+    n_correct = sum(1 for e in eps if e["correct"])
+    low, high = wilson_interval(n_correct, n)
+    row: dict[str, Any] = {
+        "run_id": Path(path).name,
+        "env_id": spec.env_id,
+        "source": spec.source,
+        "split": spec.split,
+        "agent": spec.agent,
+        "model": spec.model,
+        "backend": spec.backend,
+        "budget": spec.budget_label,
+        "seed": int(spec.seed),
+        "n": n,
+        "n_correct": n_correct,
+        "n_failed": sum(1 for e in eps if e["end_reason"] != ANSWERED),
+        "accuracy": n_correct / n,
+        "acc_ci_low": low,
+        "acc_ci_high": high,
+        "mean_score": sum(e["score"] for e in eps) / n,
+        "mean_reward": sum(e["reward"] for e in eps) / n,
+    }
+    for meter in METERS:
+        vals = [float(e["meters"][meter]) for e in eps]
+        row[f"{meter}_mean"] = sum(vals) / n
+        row[f"{meter}_p50"] = quantile(vals, 0.5)
+        row[f"{meter}_p95"] = quantile(vals, 0.95)
+    row["wall_time_s"] = sum(float(e["meters"]["wall_time_s"]) for e in eps)
+    return row
+
+
+def _add_pareto(rows: list[dict[str, Any]]) -> None:
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(tuple(row[k] for k in GROUP_KEYS), []).append(i)
+    for meter in PARETO_METERS:
+        for members in groups.values():
+            flags = pareto_flags(
+                [rows[i][f"{meter}_mean"] for i in members],
+                [rows[i]["accuracy"] for i in members],
+            )
+            for i, flag in zip(members, flags, strict=True):
+                rows[i][f"pareto_{meter}"] = flag
+
+
+def build_leaderboard_rows(runs: str | Path | Iterable[str | Path]) -> list[dict[str, Any]]:
+    """Leaderboard rows (dicts in :data:`LEADERBOARD_COLUMNS` order) of run folders.
+
+    ``runs`` is a root folder (searched recursively for run folders), one run folder, or an
+    iterable of either. Runs without episodes are skipped. Rows are sorted by group, agent,
+    budget, model and seed.
+    """
+    rows = [r for r in (run_row(p) for p in _as_run_dirs(runs)) if r is not None]
+    rows.sort(
+        key=lambda r: (
+            r["env_id"],
+            r["source"],
+            r["split"],
+            r["agent"],
+            r["budget"],
+            r["model"],
+            r["seed"],
+            r["run_id"],
+        )
+    )
+    _add_pareto(rows)
+    return [{c: r[c] for c in LEADERBOARD_COLUMNS} for r in rows]
+
+
+def _frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    import pandas as pd
+
+    df = pd.DataFrame(list(rows), columns=list(LEADERBOARD_COLUMNS))
+    return df.astype(LEADERBOARD_DTYPES)
+
+
+def build_leaderboard(runs: str | Path | Iterable[str | Path]) -> pd.DataFrame:
+    """The leaderboard of ``runs`` (see :func:`build_leaderboard_rows`) as a pandas DataFrame
+    with :data:`LEADERBOARD_DTYPES`."""
+    return _frame(build_leaderboard_rows(runs))
+
+
+# --------------------------------------------------------------------------------------------
+# CSV
+
+
+def write_leaderboard_csv(
+    path: str | Path, runs: pd.DataFrame | str | Path | Iterable[str | Path]
+) -> pd.DataFrame:
+    """Write a leaderboard CSV atomically and return the DataFrame written.
+
+    ``runs`` is a leaderboard DataFrame (from :func:`build_leaderboard`) or anything
+    :func:`build_leaderboard` accepts. Floats are written with full precision.
+    """
+    import pandas as pd
+
+    if isinstance(runs, pd.DataFrame):
+        missing = [c for c in LEADERBOARD_COLUMNS if c not in runs.columns]
+        if missing:
+            raise ResultsError(f"leaderboard DataFrame lacks columns: {missing}")
+        df = runs[list(LEADERBOARD_COLUMNS)].astype(LEADERBOARD_DTYPES)
+    else:
+        df = build_leaderboard(runs)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, df.to_csv(index=False, float_format="%.17g", lineterminator="\n"))
+    return df
+
+
+def read_leaderboard_csv(path: str | Path) -> pd.DataFrame:
+    """Read a leaderboard CSV into a DataFrame with :data:`LEADERBOARD_DTYPES`.
+
+    Empty string cells stay empty strings (e.g. ``model`` of a model-free agent); empty numeric
+    cells read as NaN.
+
+    Raises:
+        ResultsError: a column of :data:`LEADERBOARD_COLUMNS` is missing.
+    """
+    import pandas as pd
+
+    header = pd.read_csv(path, nrows=0).columns
+    missing = [c for c in LEADERBOARD_COLUMNS if c not in header]
+    if missing:
+        raise ResultsError(f"{path}: not a leaderboard CSV, missing columns: {missing}")
+    na = {c: ["", "nan", "NaN"] for c, t in LEADERBOARD_DTYPES.items() if t == "float64"}
+    dtypes = {c: t for c, t in LEADERBOARD_DTYPES.items() if t != "bool"}
+    df = pd.read_csv(path, dtype=dtypes, keep_default_na=False, na_values=na)
+    for col, kind in LEADERBOARD_DTYPES.items():
+        if kind == "bool":
+            text = df[col].astype(str).str.strip().str.lower()
+            bad = ~text.isin(["true", "false"])
+            if bad.any():
+                raise ResultsError(
+                    f"{path}: column {col!r} has non-boolean values {sorted(set(text[bad]))}"
+                )
+            df[col] = (text == "true").astype("bool")
+    return df
+
+
+# --------------------------------------------------------------------------------------------
+# Plots
+
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
+
+
+def _group_slug(values: Iterable[Any]) -> str:
+    return "__".join(_sanitise(str(v)) for v in values)
+
+
+def plot_leaderboard(
+    df: pd.DataFrame,
+    out_dir: str | Path,
+    meters: Sequence[str] = PARETO_METERS,
+    formats: Sequence[str] = ("png", "svg"),
+    label_points: bool = True,
+) -> list[Path]:
+    """Plot accuracy (95% CI error bars) against mean cost, one figure per group and meter.
+
+    One figure per (``env_id``/``source``/``split`` group, meter), saved as
+    ``<env>__<source>__<split>__<meter>.<fmt>`` in ``out_dir``. Log x axis (symmetric log when a
+    cost is 0); one marker and colour per agent (the same across figures, legend outside on the
+    right); the Pareto frontier of the group as a dashed step line; each point labelled with
+    its budget. Returns the paths written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if df.empty:
+        logger.warning("plot_leaderboard: empty leaderboard, nothing plotted")
+        return []
+    agents = sorted(df["agent"].astype(str).unique())
+    cmap = plt.get_cmap("tab10" if len(agents) <= 10 else "tab20")
+    style = {a: (cmap(i % cmap.N), _MARKERS[i % len(_MARKERS)]) for i, a in enumerate(agents)}
+    written: list[Path] = []
+    for key, group in df.groupby(list(GROUP_KEYS), sort=True):
+        for meter in meters:
+            col = f"{meter}_mean"
+            if col not in group.columns:
+                raise ResultsError(f"leaderboard has no column {col!r}")
+            fig = _plot_one(plt, group, meter, style, key, label_points)
+            stem = f"{_group_slug(key)}__{meter}"
+            for fmt in formats:
+                path = out / f"{stem}.{fmt}"
+                fig.savefig(path, format=fmt, dpi=150, bbox_inches="tight")
+                written.append(path)
+            plt.close(fig)
+    return written
+
+
+def _plot_one(
+    plt: Any,
+    group: pd.DataFrame,
+    meter: str,
+    style: Mapping[str, tuple[Any, str]],
+    key: tuple[Any, ...],
+    label_points: bool,
+) -> Any:
+    col = f"{meter}_mean"
+    fig, ax = plt.subplots(figsize=(8.0, 5.0))
+    costs = group[col].astype(float)
+    for agent, sub in group.groupby("agent", sort=True):
+        color, marker = style[str(agent)]
+        acc = sub["accuracy"].astype(float)
+        yerr = [
+            (acc - sub["acc_ci_low"].astype(float)).clip(lower=0),
+            (sub["acc_ci_high"].astype(float) - acc).clip(lower=0),
+        ]
+        ax.errorbar(
+            sub[col].astype(float),
+            acc,
+            yerr=yerr,
+            fmt=marker,
+            color=color,
+            ecolor=color,
+            elinewidth=1.0,
+            capsize=3,
+            markersize=7,
+            alpha=0.9,
+            label=str(agent),
+            zorder=3,
+        )
+    flags = [bool(f) for f in pareto_flags(costs.tolist(), group["accuracy"].astype(float))]
+    front = group[flags].sort_values(col)
+    if len(front):
+        fx = front[col].astype(float).tolist()
+        fy = front["accuracy"].astype(float).tolist()
+        xmax = float(costs.max())
+        if xmax > fx[-1]:
+            fx.append(xmax)
+            fy.append(fy[-1])
+        ax.step(
+            fx,
+            fy,
+            where="post",
+            color="0.35",
+            linestyle="--",
+            linewidth=1.2,
+            label="Pareto frontier",
+            zorder=2,
+        )
+    if label_points:
+        _label_budgets(ax, group, col)
+    if (costs > 0).all():
+        ax.set_xscale("log")
+        scale = "log scale"
+    else:
+        ax.set_xscale("symlog", linthresh=1.0)
+        scale = "symmetric log scale, linear below 1"
+    ax.xaxis.set_major_formatter(_token_formatter()())
+    ax.xaxis.set_minor_formatter(_token_formatter()(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel(f"{METER_LABELS.get(meter, meter)}, {scale}")
+    ax.set_ylabel("accuracy (fraction correct, 95% Wilson CI)")
+    env_id, source, split = key
+    ax.set_title(f"{env_id} · {source} · {split}\naccuracy vs {meter}", fontsize=11)
+    ax.grid(True, which="major", alpha=0.4)
+    ax.grid(True, which="minor", alpha=0.15)
+    handles, labels = ax.get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda i: labels[i] == "Pareto frontier")
+    ax.legend(
+        [handles[i] for i in order],
+        [labels[i] for i in order],
+        title="agent",
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        borderaxespad=0.0,
+        frameon=False,
+        fontsize=9,
+    )
+    return fig
+
+
+def _label_budgets(ax: Any, group: pd.DataFrame, col: str) -> None:
+    """Write each point's budget label beside it; points at the same spot share one label."""
+    labels: dict[tuple[float, float], list[str]] = {}
+    for x, y, text in zip(group[col], group["accuracy"], group["budget"], strict=True):
+        names = labels.setdefault((float(x), float(y)), [])
+        if str(text) not in names:
+            names.append(str(text))
+    for (x, y), names in labels.items():
+        ax.annotate(
+            ", ".join(names),
+            (x, y),
+            xytext=(5, 4),
+            textcoords="offset points",
+            fontsize=7,
+            color="0.2",
+            zorder=4,
+            bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.6},
+        )
+
+
+def format_tokens(value: float) -> str:
+    """Compact token count for axis ticks: ``0``, ``300``, ``1.5k``, ``20k``, ``1M``."""
+    magnitude = abs(value)
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if magnitude >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _token_formatter() -> type:
+    """A log-axis formatter that keeps matplotlib's choice of labelled ticks but writes them
+    with :func:`format_tokens` instead of powers of ten."""
+    from matplotlib.ticker import LogFormatterSciNotation
+
+    class TokenLogFormatter(LogFormatterSciNotation):
+        def __call__(self, x: float, pos: int | None = None) -> str:
+            return format_tokens(x) if super().__call__(x, pos) else ""
+
+    return TokenLogFormatter

@@ -1,0 +1,280 @@
+"""Leaderboards: Pareto flags, Wilson intervals, rows from run folders, CSV, plots."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pd = pytest.importorskip("pandas")
+pytest.importorskip("matplotlib")
+
+from selfcest_env.leaderboard import (  # noqa: E402
+    LEADERBOARD_COLUMNS,
+    LEADERBOARD_DTYPES,
+    PARETO_METERS,
+    build_leaderboard,
+    build_leaderboard_rows,
+    format_tokens,
+    pareto_flags,
+    plot_leaderboard,
+    read_leaderboard_csv,
+    wilson_interval,
+    write_leaderboard_csv,
+)
+from selfcest_env.results import INT_METERS, METERS, RunFolder, RunSpec  # noqa: E402
+
+# ---------------------------------------------------------------------------- Pareto
+
+
+def brute_force_flags(costs: list[float], accs: list[float]) -> list[bool]:
+    """The O(n^2) definition: not dominated by any other point."""
+    out = []
+    for i, (c, a) in enumerate(zip(costs, accs, strict=True)):
+        dominated = any(
+            cj <= c and aj >= a and (cj < c or aj > a)
+            for j, (cj, aj) in enumerate(zip(costs, accs, strict=True))
+            if j != i
+        )
+        out.append(not dominated)
+    return out
+
+
+def test_pareto_hand_made() -> None:
+    #        cheap+bad  mid+good  expensive+worse  expensive+best
+    costs = [10.0, 100.0, 1000.0, 1000.0]
+    accs = [0.2, 0.6, 0.5, 0.9]
+    assert pareto_flags(costs, accs) == [True, True, False, True]
+
+
+def test_pareto_single_and_empty() -> None:
+    assert pareto_flags([], []) == []
+    assert pareto_flags([5.0], [0.1]) == [True]
+
+
+def test_pareto_identical_points_are_both_on_the_frontier() -> None:
+    assert pareto_flags([10.0, 10.0], [0.5, 0.5]) == [True, True]
+    assert pareto_flags([10.0, 10.0, 50.0], [0.5, 0.5, 0.9]) == [True, True, True]
+
+
+def test_pareto_dominated_duplicates_are_both_off() -> None:
+    assert pareto_flags([10.0, 20.0, 20.0], [0.8, 0.5, 0.5]) == [True, False, False]
+    # same cost, lower accuracy: dominated by the better one at equal cost
+    assert pareto_flags([10.0, 10.0, 10.0], [0.5, 0.7, 0.7]) == [False, True, True]
+
+
+def test_pareto_all_equal_accuracy_keeps_only_the_cheapest() -> None:
+    assert pareto_flags([30.0, 10.0, 20.0, 10.0], [0.5] * 4) == [False, True, False, True]
+
+
+def test_pareto_nan_is_never_on_the_frontier() -> None:
+    assert pareto_flags([1.0, math.nan, 3.0], [0.1, 0.9, math.nan]) == [True, False, False]
+    with pytest.raises(ValueError, match="length"):
+        pareto_flags([1.0], [])
+
+
+def test_pareto_matches_brute_force_on_random_tables() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        n = rng.randint(1, 12)
+        costs = [float(rng.choice([1, 2, 3, 5, 8])) for _ in range(n)]
+        accs = [rng.choice([0.0, 0.25, 0.5, 0.75, 1.0]) for _ in range(n)]
+        assert pareto_flags(costs, accs) == brute_force_flags(costs, accs), (costs, accs)
+
+
+# ---------------------------------------------------------------------------- Wilson
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "low", "high"),
+    [
+        # z = 1.959964: (p + z^2/2n +- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), by hand
+        (0, 10, 0.0, 0.277533),
+        (5, 10, 0.236593, 0.763407),
+        (10, 10, 0.722467, 1.0),
+        (1, 1, 0.206549, 1.0),
+        (3, 4, 0.300642, 0.954413),
+    ],
+)
+def test_wilson_interval(k: int, n: int, low: float, high: float) -> None:
+    lo, hi = wilson_interval(k, n)
+    assert lo == pytest.approx(low, abs=1e-6)
+    assert hi == pytest.approx(high, abs=1e-6)
+
+
+def test_wilson_edge_cases() -> None:
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
+    with pytest.raises(ValueError):
+        wilson_interval(11, 10)
+
+
+# ---------------------------------------------------------------------------- tables
+
+
+def _episode(i: int, correct: bool, gen: int, crit: int, peak: int) -> dict[str, Any]:
+    meters: dict[str, Any] = {m: 0 for m in INT_METERS}
+    meters.update(gen_tokens=gen, critical_path_tokens=crit, peak_context_tokens=peak)
+    meters["wall_time_s"] = 0.25
+    return {
+        "episode": i,
+        "task_id": f"t{i}",
+        "seed": i,
+        "correct": correct,
+        "score": float(correct),
+        "reward": float(correct),
+        "end_reason": "answered" if correct else "turn_limit",
+        "answer": "x",
+        "meters": meters,
+    }
+
+
+def make_run(
+    root: Path,
+    agent: str,
+    budget: str,
+    n_correct: int,
+    n: int,
+    gen: int,
+    crit: int | None = None,
+    peak: int = 500,
+    split: str = "test",
+    model: str = "m",
+) -> None:
+    """A run folder with ``n_correct`` of ``n`` episodes correct and constant meters."""
+    spec = RunSpec(
+        env_id="SelfCest-Math-v0",
+        source="arithmetic",
+        split=split,
+        agent=agent,
+        model=model,
+        backend="transformers",
+        budget={"label": budget},
+        seed=0,
+        n_episodes=n,
+    )
+    with RunFolder(root, spec) as run:
+        for i in range(n):
+            run.append_episode(_episode(i, i < n_correct, gen, crit or gen, peak))
+        run.write_stats()
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    """Five runs in the test split (one of them with an empty model) and one in another."""
+    root = tmp_path / "runs"
+    make_run(root, "monolithic", "1k", 3, 10, gen=100, peak=300, model="")
+    make_run(root, "monolithic", "4k", 5, 10, gen=300, peak=600)
+    make_run(root, "self_consistency", "4k", 5, 10, gen=900, crit=200, peak=400)
+    make_run(root, "clone_controller", "4k", 8, 10, gen=600, crit=150, peak=350)
+    make_run(root, "tree_of_thoughts", "16k", 7, 10, gen=2000, crit=500, peak=900)
+    make_run(root, "monolithic", "4k", 1, 4, gen=10_000, split="validation")
+    return root
+
+
+def test_rows_and_flags(runs: Path) -> None:
+    rows = build_leaderboard_rows(runs)
+    assert len(rows) == 6
+    assert all(list(r) == list(LEADERBOARD_COLUMNS) for r in rows)
+    by = {(r["split"], r["agent"], r["budget"]): r for r in rows}
+    cc = by[("test", "clone_controller", "4k")]
+    assert cc["n"] == 10 and cc["accuracy"] == pytest.approx(0.8)
+    assert (cc["acc_ci_low"], cc["acc_ci_high"]) == pytest.approx(wilson_interval(8, 10))
+    assert cc["gen_tokens_mean"] == 600 and cc["gen_tokens_p95"] == 600
+    assert cc["wall_time_s"] == pytest.approx(2.5)
+    assert cc["n_failed"] == 2
+    # gen tokens: mono 1k (100, .3), mono 4k (300, .5), cc (600, .8) on; sc (900,.5), tot off
+    flags = {k: r["pareto_gen_tokens"] for k, r in by.items()}
+    assert flags == {
+        ("test", "monolithic", "1k"): True,
+        ("test", "monolithic", "4k"): True,
+        ("test", "self_consistency", "4k"): False,
+        ("test", "clone_controller", "4k"): True,
+        ("test", "tree_of_thoughts", "16k"): False,
+        ("validation", "monolithic", "4k"): True,  # alone in its group
+    }
+    # critical path: mono 1k (100, .3), cc (150, .8) on, mono 4k (300, .5) off
+    assert by[("test", "monolithic", "4k")]["pareto_critical_path_tokens"] is False
+    assert by[("test", "clone_controller", "4k")]["pareto_critical_path_tokens"] is True
+    # peak context: mono 1k (300, .3), cc (350, .8) on, sc (400, .5) off
+    assert by[("test", "self_consistency", "4k")]["pareto_peak_context_tokens"] is False
+    assert by[("test", "monolithic", "1k")]["pareto_peak_context_tokens"] is True
+
+
+def test_dataframe_dtypes_and_csv_round_trip(runs: Path, tmp_path: Path) -> None:
+    df = build_leaderboard(runs)
+    assert {c: str(t) for c, t in df.dtypes.items()} == LEADERBOARD_DTYPES
+    path = tmp_path / "out" / "leaderboard.csv"
+    write_leaderboard_csv(path, df)
+    plain = pd.read_csv(path)  # loads with plain pandas too
+    assert list(plain.columns) == list(LEADERBOARD_COLUMNS) and len(plain) == 6
+    back = read_leaderboard_csv(path)
+    assert {c: str(t) for c, t in back.dtypes.items()} == LEADERBOARD_DTYPES
+    pd.testing.assert_frame_equal(back, df)
+    assert (back["model"] == "").sum() == 1  # an empty string stays an empty string
+    # a root folder works as well as a DataFrame
+    other = tmp_path / "again.csv"
+    write_leaderboard_csv(other, runs)
+    pd.testing.assert_frame_equal(read_leaderboard_csv(other), df)
+
+
+def test_dtype_table_covers_every_meter() -> None:
+    for meter in METERS:
+        for stat in ("mean", "p50", "p95"):
+            assert LEADERBOARD_DTYPES[f"{meter}_{stat}"] == "float64"
+    for meter in PARETO_METERS:
+        assert LEADERBOARD_DTYPES[f"pareto_{meter}"] == "bool"
+    assert LEADERBOARD_DTYPES["seed"] == "int64" and LEADERBOARD_DTYPES["agent"] == "string"
+
+
+def test_bad_csv_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "x.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="missing columns"):
+        read_leaderboard_csv(path)
+
+
+def test_empty_runs_are_skipped_and_empty_leaderboard(tmp_path: Path) -> None:
+    spec = RunSpec(env_id="E", source="s", split="test", agent="a")
+    RunFolder(tmp_path, spec).close()
+    df = build_leaderboard(tmp_path)
+    assert df.empty and list(df.columns) == list(LEADERBOARD_COLUMNS)
+    assert plot_leaderboard(df, tmp_path / "plots") == []
+
+
+def test_plots_are_written(runs: Path, tmp_path: Path) -> None:
+    df = build_leaderboard(runs)
+    out = tmp_path / "plots"
+    paths = plot_leaderboard(df, out)
+    # two groups (test, validation) x three meters x (png, svg)
+    assert len(paths) == 2 * len(PARETO_METERS) * 2
+    for path in paths:
+        assert path.exists() and path.stat().st_size > 1000
+    png = out / f"SelfCest-Math-v0__arithmetic__test__{PARETO_METERS[0]}.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "SelfCest-Math-v0__arithmetic__test__gen_tokens.svg").read_text().lstrip()[
+        :5
+    ] in ("<?xml", "<svg ")
+
+
+def test_plot_handles_zero_cost(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    make_run(root, "scripted", "none", 2, 4, gen=0, crit=0, peak=0)
+    make_run(root, "monolithic", "1k", 3, 4, gen=50)
+    paths = plot_leaderboard(build_leaderboard(root), tmp_path / "plots", formats=("png",))
+    assert len(paths) == len(PARETO_METERS) and all(p.stat().st_size > 0 for p in paths)
+
+
+def test_format_tokens() -> None:
+    assert [format_tokens(v) for v in (0, 3, 300, 1000, 1500, 20_000, 1e6)] == [
+        "0",
+        "3",
+        "300",
+        "1k",
+        "1.5k",
+        "20k",
+        "1M",
+    ]
