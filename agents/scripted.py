@@ -18,7 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from selfcest_env.agents.base import Agent
 from selfcest_env.protocol import Action, Return, Spawn
+from selfcest_env.rollout import ContextView
 
 _PROMPT = re.compile(r"Calculate the value of (.+?)\.?\s*$", re.MULTILINE)
 _LINE = re.compile(r"^(?P<label>[^:]+):\s*(?P<value>-?\d+)\s*$")
@@ -92,8 +94,20 @@ def _expression_of(messages: Sequence[Mapping[str, Any]]) -> str:
     return found.group(1)
 
 
+class ScriptedAgent(Agent):
+    """A scripted agent acts context by context: :meth:`act` on one observation and info."""
+
+    def act(self, observation: Mapping[str, Any], info: Mapping[str, Any]) -> Action:
+        """The action for one context."""
+        raise NotImplementedError
+
+    def act_batch(self, views: Sequence[ContextView]) -> list[Action]:
+        """:meth:`act` on each view."""
+        return [self.act(view.observation, view.info) for view in views]
+
+
 @dataclass
-class ScriptedMonolithic:
+class ScriptedMonolithic(ScriptedAgent):
     """Answer every arithmetic prompt in one turn; never spawn."""
 
     name: str = "scripted-monolithic"
@@ -104,7 +118,7 @@ class ScriptedMonolithic:
 
 
 @dataclass
-class ScriptedDelegator:
+class ScriptedDelegator(ScriptedAgent):
     """Spawn one clone per chunk of the expression's top-level terms, then add their answers.
 
     Attributes:

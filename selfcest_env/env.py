@@ -572,6 +572,8 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
             "label": context.label,
             "turn": len(context.turns) + 1,
             "messages": [dict(m) for m in context.messages],
+            "objective": context.objective,
+            "context_keys": list(self._paragraphs) if context.may_spawn else [],
             "tools": [spawn_clone_schema()] if context.may_spawn else [],
             "max_new_tokens": allowance,
             "meters": self._ledger.meters(),

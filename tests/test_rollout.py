@@ -1,0 +1,69 @@
+"""The batched rollout driver with scripted agents (no model)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+
+from selfcest_env.agents.scripted import ScriptedDelegator, ScriptedMonolithic
+from selfcest_env.rollout import episode_specs, run_episodes
+
+
+def make_env():
+    return gym.make("SelfCest-Math-v0", max_depth=2).unwrapped
+
+
+class CountingPolicy(ScriptedDelegator):
+    """The delegator, remembering the size of every batch it was asked for."""
+
+    def __init__(self):
+        super().__init__(parts=3)
+        self.batch_sizes = []
+
+    def act_batch(self, views):
+        self.batch_sizes.append(len(views))
+        return super().act_batch(views)
+
+
+def test_driver_plays_every_episode_once_and_batches_siblings():
+    policy = CountingPolicy()
+    results = list(
+        run_episodes(make_env, policy, episode_specs(range(10), seed=5), parallel=4, progress=False)
+    )
+    assert sorted(r.episode for r in results) == list(range(10))
+    assert all(r.correct and r.end_reason == "answered" for r in results)
+    assert max(policy.batch_sizes) > 4  # siblings of several episodes shared one batch
+    sequential = {
+        r.episode: r
+        for r in run_episodes(
+            make_env,
+            ScriptedDelegator(parts=3),
+            episode_specs(range(10), 5),
+            parallel=1,
+            progress=False,
+        )
+    }
+    for result in results:
+        twin = sequential[result.episode]
+        assert result.task_id == twin.task_id
+        assert {k: v for k, v in result.meters.items() if k != "wall_time_s"} == {
+            k: v for k, v in twin.meters.items() if k != "wall_time_s"
+        }
+
+
+def test_records_carry_every_meter_and_optionally_the_trace():
+    (result,) = run_episodes(
+        make_env, ScriptedMonolithic(), episode_specs([3]), keep_traces=True, progress=False
+    )
+    record = result.to_record(with_trace=True)
+    assert record["episode"] == 3 and record["trace"]["contexts"][0]["answer"] == record["answer"]
+    assert record["meters"]["wall_time_s"] > 0 and record["meters"]["gen_tokens"] > 0
+
+
+def test_a_policy_returning_the_wrong_number_of_actions_is_reported():
+    class Broken(ScriptedMonolithic):
+        def act_batch(self, views):
+            return []
+
+    with pytest.raises(RuntimeError, match="exactly one per view"):
+        list(run_episodes(make_env, Broken(), episode_specs([0]), progress=False))
