@@ -1,0 +1,566 @@
+"""Math dataset loaders: GSM8K, MATH (all or a hard subset), MATH-500 and AIME.
+
+Every loader reads through Hugging Face ``datasets``, either from the hub or from local files:
+
+* ``path=`` a local JSONL / JSON / parquet / CSV file, a directory of them, or a mapping
+  ``{split: file(s)}`` (our split names ``train`` / ``dev`` / ``test``, or the dataset's own names).
+  A single file (or directory) holds one split: the one its name says (``train``, ``dev``, ``val``,
+  ``validation``, ``test``), else ``file_split`` (default ``"test"``).
+* ``hub_id=`` (and ``hub_config=``, ``revision=``) a hub dataset; each class has a default id that
+  is used when no ``path`` is given.
+
+GSM8K's default resolution, when neither ``path`` nor ``hub_id`` is given: the file or directory
+named by the environment variable ``SELFCEST_GSM8K_PATH``; else ``../shared/data/gsm8k/test.jsonl``
+relative to the repository root (the test split shipped beside this project, not inside it); else
+the hub id ``openai/gsm8k`` (config ``main``).
+
+Splits: ``train`` and ``test`` map onto the dataset's splits of those names (``split_map``
+overrides the mapping). ``dev`` maps onto ``validation`` / ``dev`` / ``val`` when the dataset has
+one; otherwise a deterministic ``dev_fraction`` of ``train`` (picked by a stable hash of the problem
+text) becomes dev and is removed from train, so the two stay disjoint. Requesting a split that the
+loaded data does not have raises ``ValueError`` naming the splits it has.
+
+Instances keep dataset order; ``limit`` keeps the first ``limit`` of each split. Prompts are the
+problem text only (the environment adds any instructions); solutions never go into metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..base import SPLITS, Grade, TaskInstance, TaskSource, check_split
+from ._util import stable_unit
+from .grading import extract_boxed, extract_gsm8k, grade_math
+
+logger = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike[str]
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+#: Where the GSM8K test split is looked for when nothing else is given (relative to the repo root).
+GSM8K_DEFAULT_LOCAL = Path("..") / "shared" / "data" / "gsm8k" / "test.jsonl"
+GSM8K_PATH_ENV = "SELFCEST_GSM8K_PATH"
+
+_FORMATS = {
+    ".jsonl": "json",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+}
+_DEV_NAMES = ("validation", "dev", "valid", "val")
+_SPLIT_WORDS = (
+    ("train", "train"),
+    ("validation", "dev"),
+    ("valid", "dev"),
+    ("dev", "dev"),
+    ("val", "dev"),
+    ("test", "test"),
+)
+
+
+def _split_from_name(name: str) -> str | None:
+    stem = Path(name).name.lower()
+    for word, split in _SPLIT_WORDS:
+        if re.search(rf"(?:^|[^a-z]){word}(?:[^a-z]|$)", stem):
+            return split
+    return None
+
+
+def _format_of(files: Sequence[str]) -> str:
+    kinds = {_FORMATS.get(Path(f).suffix.lower()) for f in files}
+    if None in kinds or len(kinds) != 1:
+        raise ValueError(
+            f"cannot tell the format of {list(files)}; use files ending in "
+            f"{', '.join(_FORMATS)} (all of one kind)"
+        )
+    return kinds.pop()  # type: ignore[return-value]
+
+
+def _expand(p: PathLike) -> list[str]:
+    path = Path(p).expanduser()
+    if path.is_dir():
+        files = sorted(str(f) for f in path.iterdir() if f.suffix.lower() in _FORMATS)
+        if not files:
+            raise FileNotFoundError(f"no {'/'.join(_FORMATS)} files in directory {path}")
+        return files
+    if not path.exists():
+        raise FileNotFoundError(f"dataset file {path} does not exist")
+    return [str(path)]
+
+
+def load_rows(
+    *,
+    path: PathLike | Mapping[str, PathLike | Sequence[PathLike]] | None = None,
+    hub_id: str | None = None,
+    hub_config: str | None = None,
+    revision: str | None = None,
+    file_split: str = "test",
+    cache_dir: str | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """Load a dataset as ``{dataset split name: rows}`` through ``datasets.load_dataset``.
+
+    Exactly one of ``path`` (local files, see the module docstring) and ``hub_id`` must be given.
+    """
+    import datasets as hf_datasets
+
+    if (path is None) == (hub_id is None):
+        raise ValueError("give exactly one of path= (local files) and hub_id= (hub dataset)")
+    if path is not None:
+        if isinstance(path, Mapping):
+            data_files: dict[str, list[str]] = {}
+            for split, files in path.items():
+                items = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+                data_files[str(split)] = [f for item in items for f in _expand(item)]
+        else:
+            files = _expand(path)
+            split = _split_from_name(str(path)) or file_split
+            data_files = {split: files}
+        fmt = _format_of([f for fs in data_files.values() for f in fs])
+        loaded = hf_datasets.load_dataset(fmt, data_files=data_files, cache_dir=cache_dir)
+    else:
+        try:
+            loaded = hf_datasets.load_dataset(
+                hub_id, hub_config, revision=revision, cache_dir=cache_dir
+            )
+        except Exception as e:  # network, auth or a missing dataset: say what to do instead
+            raise RuntimeError(
+                f"could not load hub dataset {hub_id!r} (config {hub_config!r}): "
+                f"{type(e).__name__}: {e}. Without network access pass path= to local "
+                "JSONL/parquet files in the same schema."
+            ) from e
+    return {name: [dict(r) for r in ds] for name, ds in loaded.items()}
+
+
+def _field(row: Mapping[str, Any], names: Iterable[str], *, what: str) -> Any:
+    lowered = {k.lower(): k for k in row}
+    for name in names:
+        key = lowered.get(name.lower())
+        if key is not None and row[key] is not None:
+            return row[key]
+    raise KeyError(f"row has no {what} field (looked for {list(names)}); fields: {sorted(row)}")
+
+
+def _maybe_field(row: Mapping[str, Any], names: Iterable[str]) -> Any:
+    try:
+        return _field(row, names, what="")
+    except KeyError:
+        return None
+
+
+class DatasetMathSource(TaskSource):
+    """Base class of the finite math loaders (see the module docstring for every argument).
+
+    Subclasses set :attr:`name`, :attr:`default_hub_id`, :attr:`default_hub_config` and implement
+    :meth:`row_to_instance`.
+
+    Args:
+        path: Local file(s); see the module docstring.
+        hub_id: Hub dataset id (default :attr:`default_hub_id` when ``path`` is not given).
+        hub_config: Hub config name.
+        revision: Hub revision.
+        split_map: Our split name -> the dataset's split name (overrides the defaults).
+        dev_fraction: Share of train carved out as dev when the data has no dev split.
+        file_split: Split a single local file holds when its name does not say.
+        limit: Keep at most this many instances per split (the first ones).
+        cache_dir: ``datasets`` cache folder.
+        grade_timeout: Seconds allowed for one ``math_verify`` comparison (default: the shared
+            verifier's).
+    """
+
+    name = "math_dataset"
+    domain = "math"
+    default_hub_id: str | None = None
+    default_hub_config: str | None = None
+    #: Our split -> dataset split used by default (before ``split_map``).
+    default_split_map: Mapping[str, str] = {}
+
+    def __init__(
+        self,
+        *,
+        path: PathLike | Mapping[str, PathLike | Sequence[PathLike]] | None = None,
+        hub_id: str | None = None,
+        hub_config: str | None = None,
+        revision: str | None = None,
+        split_map: Mapping[str, str] | None = None,
+        dev_fraction: float = 0.1,
+        file_split: str = "test",
+        limit: int | None = None,
+        cache_dir: str | None = None,
+        grade_timeout: float | None = None,
+    ) -> None:
+        if not 0.0 <= dev_fraction < 1.0:
+            raise ValueError(f"dev_fraction must be in [0, 1), got {dev_fraction}")
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        if path is not None and hub_id is not None:
+            raise ValueError("give path= or hub_id=, not both")
+        self.path = path
+        self.hub_id = hub_id
+        self.hub_config = hub_config
+        self.revision = revision
+        self.split_map = {**self.default_split_map, **(split_map or {})}
+        bad = sorted(set(self.split_map) - set(SPLITS))
+        if bad:
+            raise ValueError(f"split_map keys must be among {SPLITS}, got {bad}")
+        self.dev_fraction = dev_fraction
+        self.file_split = file_split
+        self.limit = limit
+        self.cache_dir = cache_dir
+        self.grade_timeout = grade_timeout
+        self._splits: dict[str, list[TaskInstance]] | None = None
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def resolve_location(self) -> dict[str, Any]:
+        """Where the data comes from: ``{"path": p}`` or ``{"hub_id": i, "hub_config": c}``."""
+        if self.path is not None:
+            return {"path": self.path}
+        if self.hub_id is not None:
+            return {"hub_id": self.hub_id, "hub_config": self.hub_config}
+        if self.default_hub_id is None:
+            raise ValueError(f"{type(self).__name__} needs path= or hub_id=")
+        return {
+            "hub_id": self.default_hub_id,
+            "hub_config": self.hub_config or self.default_hub_config,
+        }
+
+    def _fetch_rows(self) -> dict[str, list[dict[str, Any]]]:
+        """Rows per dataset split, from wherever :meth:`resolve_location` says."""
+        where = self.resolve_location()
+        rows = load_rows(
+            **where, revision=self.revision, file_split=self.file_split, cache_dir=self.cache_dir
+        )
+        logger.info("loaded %s from %s: %s", self.name, where, {k: len(v) for k, v in rows.items()})
+        return rows
+
+    def _load(self) -> dict[str, list[TaskInstance]]:
+        if self._splits is None:
+            self._splits = self._build(self._fetch_rows())
+        return self._splits
+
+    def _build(self, rows: Mapping[str, list[dict[str, Any]]]) -> dict[str, list[TaskInstance]]:
+        splits: dict[str, list[TaskInstance]] = {}
+        for split, items in self._assign_splits(rows).items():
+            out: list[TaskInstance] = []
+            for source_split, source_index, row in items:
+                if self.limit is not None and len(out) >= self.limit:
+                    break
+                inst = self.row_to_instance(row, split, len(out), source_split, source_index)
+                if inst is not None:
+                    out.append(inst)
+            splits[split] = out
+        return splits
+
+    def _assign_splits(
+        self, rows: Mapping[str, list[dict[str, Any]]]
+    ) -> dict[str, list[tuple[str, int, dict[str, Any]]]]:
+        def tagged(name: str) -> list[tuple[str, int, dict[str, Any]]]:
+            return [(name, i, r) for i, r in enumerate(rows[name])]
+
+        mapping: dict[str, str] = {}
+        for split, name in self.split_map.items():
+            if name not in rows:
+                raise ValueError(
+                    f"split_map sends {split!r} to {name!r}, which the data lacks; it has "
+                    f"{sorted(rows)}"
+                )
+            mapping[split] = name
+        claimed = set(mapping.values())
+        if len(claimed) != len(mapping):
+            raise ValueError(f"split_map sends two splits to the same data split: {mapping}")
+        for split in SPLITS:
+            if split in mapping:
+                continue
+            names = _DEV_NAMES if split == "dev" else (split,)
+            found = next((n for n in names if n in rows and n not in claimed), None)
+            if found is not None:
+                mapping[split] = found
+                claimed.add(found)
+        out: dict[str, list[tuple[str, int, dict[str, Any]]]] = {
+            s: tagged(n) for s, n in mapping.items()
+        }
+        if "dev" not in out and "train" in out and self.dev_fraction > 0:
+            train, dev = [], []
+            for item in out["train"]:
+                key = self.row_key(item[2])
+                (
+                    dev
+                    if stable_unit("selfcest-dev", self.name, key) < self.dev_fraction
+                    else train
+                ).append(item)
+            out["train"], out["dev"] = train, dev
+        return out
+
+    # -- per-dataset hooks ---------------------------------------------------------------------
+
+    def row_key(self, row: Mapping[str, Any]) -> str:
+        """Text that identifies a row (used to carve dev out of train)."""
+        return str(_field(row, ("problem", "question"), what="problem"))
+
+    def row_to_instance(
+        self, row: Mapping[str, Any], split: str, index: int, source_split: str, source_index: int
+    ) -> TaskInstance | None:
+        """Build the instance for one row, or ``None`` to skip the row."""
+        raise NotImplementedError
+
+    # -- TaskSource ----------------------------------------------------------------------------
+
+    def available_splits(self) -> tuple[str, ...]:
+        """Our splits that the loaded data has (loads the data)."""
+        return tuple(s for s in SPLITS if s in self._load())
+
+    def _split(self, split: str) -> list[TaskInstance]:
+        check_split(split)
+        splits = self._load()
+        if split not in splits:
+            raise ValueError(
+                f"{self.name} data from {self.resolve_location()} has no {split!r} split; it has "
+                f"{sorted(splits)}. Pass path= with a file for that split (or a mapping "
+                "{split: file}), or split_map= to use another split."
+            )
+        return splits[split]
+
+    def size(self, split: str) -> int | None:
+        """Number of instances in ``split``."""
+        return len(self._split(split))
+
+    def get(self, split: str, index: int) -> TaskInstance:
+        """Instance ``index`` of ``split`` (dataset order)."""
+        items = self._split(split)
+        if not 0 <= index < len(items):
+            raise IndexError(f"{self.name} {split} has {len(items)} instances; index {index}")
+        return items[index]
+
+    def grade(self, instance: TaskInstance, answer: str) -> Grade:
+        """LaTeX-aware equivalence with the gold answer and its aliases (:func:`grade_math`)."""
+        return grade_math(
+            answer, instance.answer, aliases=tuple(instance.aliases), timeout=self.grade_timeout
+        )
+
+
+class GSM8KTask(DatasetMathSource):
+    """GSM8K (fields ``question``, ``answer`` ending in ``#### <number>``).
+
+    Without ``path``/``hub_id`` it uses ``$SELFCEST_GSM8K_PATH``, then
+    ``../shared/data/gsm8k/test.jsonl`` beside the repository, then the hub id ``openai/gsm8k``.
+    """
+
+    name = "gsm8k"
+    default_hub_id = "openai/gsm8k"
+    default_hub_config = "main"
+
+    def resolve_location(self) -> dict[str, Any]:
+        """Local file from the environment variable or the default path, else the hub."""
+        if self.path is None and self.hub_id is None:
+            env = os.environ.get(GSM8K_PATH_ENV)
+            if env:
+                return {"path": env}
+            local = _REPO_ROOT / GSM8K_DEFAULT_LOCAL
+            if local.exists():
+                return {"path": str(local.resolve())}
+        return super().resolve_location()
+
+    def row_key(self, row: Mapping[str, Any]) -> str:
+        """The question text."""
+        return str(_field(row, ("question",), what="question"))
+
+    def row_to_instance(
+        self, row: Mapping[str, Any], split: str, index: int, source_split: str, source_index: int
+    ) -> TaskInstance | None:
+        """Prompt: the question; answer: the number after ``####`` without commas."""
+        question = str(_field(row, ("question",), what="question"))
+        solution = str(_field(row, ("answer",), what="answer"))
+        gold = extract_gsm8k(solution)
+        if not gold:
+            logger.warning(
+                "GSM8K row %s/%d has no '####' answer; skipped", source_split, source_index
+            )
+            return None
+        return TaskInstance(
+            task_id=f"gsm8k-{split}-{index}",
+            prompt=question.strip(),
+            answer=gold,
+            metadata={"source_split": source_split, "source_index": source_index},
+        )
+
+
+_MATH_HUB_ID = "EleutherAI/hendrycks_math"
+_MATH_SUBJECTS = (
+    "algebra",
+    "counting_and_probability",
+    "geometry",
+    "intermediate_algebra",
+    "number_theory",
+    "prealgebra",
+    "precalculus",
+)
+
+
+def _level_number(level: Any) -> int | None:
+    if isinstance(level, int):
+        return level
+    m = re.search(r"\d+", str(level))
+    return int(m.group(0)) if m else None
+
+
+class MATHTask(DatasetMathSource):
+    """MATH (Hendrycks et al.; fields ``problem``, ``solution``, ``level``, ``type``).
+
+    The gold answer is the last ``\\boxed{...}`` of the solution. On the hub
+    (``EleutherAI/hendrycks_math``) each subject is a config; all of ``subjects`` (default: all
+    seven) are loaded and concatenated. ``levels`` keeps only those difficulty levels (1-5).
+    """
+
+    name = "math"
+    default_hub_id = _MATH_HUB_ID
+
+    def __init__(
+        self,
+        *,
+        subjects: Sequence[str] | None = None,
+        levels: Sequence[int] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if subjects is not None:
+            bad = sorted(set(subjects) - set(_MATH_SUBJECTS))
+            if bad:
+                raise ValueError(f"unknown MATH subjects {bad}; choose from {list(_MATH_SUBJECTS)}")
+        self.subjects = tuple(subjects) if subjects is not None else None
+        self.levels = tuple(int(v) for v in levels) if levels is not None else None
+
+    def _fetch_rows(self) -> dict[str, list[dict[str, Any]]]:
+        where = self.resolve_location()
+        if where.get("hub_id") == _MATH_HUB_ID and where.get("hub_config") is None:
+            # One config per subject on the hub: load each and concatenate.
+            merged: dict[str, list[dict[str, Any]]] = {}
+            for subject in self.subjects or _MATH_SUBJECTS:
+                part = load_rows(
+                    hub_id=_MATH_HUB_ID,
+                    hub_config=subject,
+                    revision=self.revision,
+                    cache_dir=self.cache_dir,
+                )
+                for name, rows in part.items():
+                    merged.setdefault(name, []).extend(rows)
+            return merged
+        return super()._fetch_rows()
+
+    def _subject_of(self, row: Mapping[str, Any]) -> str | None:
+        subject = _maybe_field(row, ("type", "subject"))
+        return None if subject is None else str(subject)
+
+    def _gold(self, row: Mapping[str, Any]) -> str | None:
+        return extract_boxed(str(_field(row, ("solution",), what="solution")))
+
+    def row_to_instance(
+        self, row: Mapping[str, Any], split: str, index: int, source_split: str, source_index: int
+    ) -> TaskInstance | None:
+        """Skips rows outside ``levels`` / ``subjects`` and rows whose gold cannot be found."""
+        level = _level_number(_maybe_field(row, ("level",)))
+        if self.levels is not None and level not in self.levels:
+            return None
+        subject = self._subject_of(row)
+        if self.subjects is not None and subject is not None:
+            norm = subject.lower().replace(" & ", "_and_").replace(" ", "_")
+            if norm not in self.subjects:
+                return None
+        gold = self._gold(row)
+        if not gold:
+            logger.warning(
+                "%s row %s/%d has no gold answer; skipped", self.name, source_split, source_index
+            )
+            return None
+        uid = _maybe_field(row, ("unique_id", "id"))
+        meta: dict[str, Any] = {
+            "level": level,
+            "subject": subject,
+            "source_split": source_split,
+            "source_index": source_index,
+        }
+        if uid is not None:
+            meta["unique_id"] = str(uid)
+        return TaskInstance(
+            task_id=f"{self.name}-{split}-{index}",
+            prompt=str(_field(row, ("problem",), what="problem")).strip(),
+            answer=gold,
+            metadata=meta,
+        )
+
+
+class MATHHardTask(MATHTask):
+    """The hard subset of MATH: level 5 only (as in common "MATH-Hard" evaluations)."""
+
+    name = "math_hard"
+
+    def __init__(self, *, levels: Sequence[int] | None = (5,), **kwargs: Any) -> None:
+        super().__init__(levels=levels, **kwargs)
+
+
+class MATH500Task(MATHTask):
+    """MATH-500 (fields ``problem``, ``solution``, ``answer``, ``subject``, ``level``,
+    ``unique_id``; one ``test`` split on the hub: ``HuggingFaceH4/MATH-500``)."""
+
+    name = "math500"
+    default_hub_id = "HuggingFaceH4/MATH-500"
+
+    def _gold(self, row: Mapping[str, Any]) -> str | None:
+        answer = _maybe_field(row, ("answer",))
+        if answer is not None and str(answer).strip():
+            return str(answer).strip()
+        return super()._gold(row)
+
+
+class AIMETask(DatasetMathSource):
+    """AIME problems (fields ``problem``/``question``, ``answer``, optional ``id``, ``year``).
+
+    The default hub id ``AI-MO/aimo-validation-aime`` (AIME 2022-2024, 90 problems) has only a
+    ``train`` split, which is mapped to ``test`` here (these are evaluation problems). The year
+    comes from a ``year`` field, else from a 4-digit year in ``id`` / ``url``. ``years`` keeps
+    only those years.
+    """
+
+    name = "aime"
+    default_hub_id = "AI-MO/aimo-validation-aime"
+    default_split_map = {"test": "train"}
+
+    def __init__(self, *, years: Sequence[int] | None = None, **kwargs: Any) -> None:
+        if kwargs.get("path") is not None or kwargs.get("hub_id") is not None:
+            # Local files or another hub id: use their own split names unless told otherwise.
+            self.default_split_map = {}
+        super().__init__(**kwargs)
+        self.years = tuple(int(y) for y in years) if years is not None else None
+
+    def row_to_instance(
+        self, row: Mapping[str, Any], split: str, index: int, source_split: str, source_index: int
+    ) -> TaskInstance | None:
+        """Prompt: the problem; answer: the integer answer as text (leading zeros dropped)."""
+        problem = str(_field(row, ("problem", "question"), what="problem")).strip()
+        answer = str(_field(row, ("answer",), what="answer")).strip()
+        if re.fullmatch(r"0*\d+", answer):
+            answer = str(int(answer))
+        uid = _maybe_field(row, ("id", "unique_id", "problem_id"))
+        year = _maybe_field(row, ("year",))
+        if year is None:
+            for text in (uid, _maybe_field(row, ("url",))):
+                m = re.search(r"(?<!\d)(19[89]\d|20\d\d)(?!\d)", str(text or ""))
+                if m:
+                    year = m.group(1)
+                    break
+        year_int = int(year) if year is not None and str(year).isdigit() else None
+        if self.years is not None and year_int not in self.years:
+            return None
+        meta: dict[str, Any] = {
+            "year": year_int,
+            "source_split": source_split,
+            "source_index": source_index,
+        }
+        if uid is not None:
+            meta["id"] = str(uid)
+        return TaskInstance(
+            task_id=f"aime-{split}-{index}", prompt=problem, answer=answer, metadata=meta
+        )
