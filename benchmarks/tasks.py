@@ -11,6 +11,8 @@ import argparse
 import time
 from collections.abc import Callable
 
+from tasks_qa import BENCHMARKS as QA_BENCHMARKS
+
 from selfcest_env.tasks.math import ArithmeticTask, CountdownTask, grade_integer, grade_math
 from selfcest_env.tasks.math.grading import default_verifier
 
@@ -62,6 +64,7 @@ def math_grading_throughput(n: int = 2000) -> dict[str, float]:
 BENCHMARKS: dict[str, Callable[[int], dict[str, float]]] = {
     "math_generation": math_generation_throughput,
     "math_grading": math_grading_throughput,
+    **QA_BENCHMARKS,
 }
 
 
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.only not in name:
             continue
         for case, rate in fn(args.n).items():
-            print(f"{name:18s} {case:34s} {rate:12.1f} items/s")  # noqa: T201
+            print(f"{name:18s} {case:34s} {rate:12.1f} items/s")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,557 @@
+"""Multi-hop QA dataset loaders: 2WikiMultihopQA, MuSiQue and HotpotQA (distractor setting).
+
+Every loader reads rows in the dataset's own schema, either
+
+* from the Hugging Face hub through ``datasets.load_dataset`` (``hub_id=``, ``hub_config=``,
+  ``revision=``; each class has a default id used when no ``path`` is given), or
+* from local files (``path=``): a ``.jsonl`` file (one row a line), a ``.json`` file (a JSON list
+  of rows, as the original releases ship, or JSON lines), a ``.parquet`` file, a directory of
+  such files, or a mapping ``{split: file(s)}`` keyed by *our* split names. A single file or
+  directory holds the split ``file_split`` (default ``"test"``). Local JSON is read with the
+  standard library, so the original nested ``[title, [sentences]]`` lists load as they are.
+
+Fields accepted per dataset (each also in the HF parquet form where it differs):
+
+* 2WikiMultihopQA: ``_id``, ``question``, ``answer``, ``type``, ``context`` (a list of ``[title,
+  [sentences]]`` or ``{"title": [...], "sentences": [[...]]}``, or that as a JSON string),
+  ``supporting_facts`` (``[[title, sent_id], ...]`` or ``{"title": [...], "sent_id": [...]}``),
+  ``evidences`` (read but not exposed: it contains the answer);
+* MuSiQue: ``id``, ``question``, ``answer``, ``answer_aliases``, ``paragraphs`` (``{idx, title,
+  paragraph_text, is_supporting}``), ``question_decomposition``, ``answerable`` (rows with
+  ``answerable`` false are skipped unless ``include_unanswerable=True``);
+* HotpotQA distractor: ``id`` (or ``_id``), ``question``, ``answer``, ``type``, ``level``,
+  ``supporting_facts`` and ``context`` in either form above.
+
+Each paragraph becomes ``ContextItem(key=title, text=sentences joined by spaces)``; a repeated
+title gets a unique key (``"Title (2)"``, ``"Title (3)"``, ...). Gold answers: ``answer`` plus, for
+MuSiQue, ``answer_aliases``; grading is normalised exact match with token F1 in the details.
+
+Splits: the public test sets of these datasets have no answers, so by default ``test`` maps onto
+the labelled official dev set (the dataset split named ``validation``, else ``dev``, else
+``test``), ``train`` onto ``train``, and ``dev`` is carved out of ``train``: the rows whose stable
+hash of their id falls below ``dev_fraction`` move to dev, so train and dev are disjoint.
+``split_map`` (our split -> dataset split name) overrides any of this; a mapping ``path`` names our
+splits directly (``dev`` is still carved from ``train`` when the mapping has no ``dev``). Rows
+without an answer are skipped; ``limit`` keeps the first ``limit`` instances of each split.
+
+Metadata per instance: ``hops`` (distinct supporting paragraphs; for MuSiQue the number of
+decomposition steps), ``type``, ``supporting_keys``, ``context_tokens`` (titles plus texts with
+the offline token counter unless ``token_counter`` is given), ``source_id``, ``source_split``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..base import SPLITS, ContextItem, Grade, TaskInstance, TaskSource, check_split
+from ._util import stable_unit, unique_keys
+from .metrics import grade_qa
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "HotpotQATask",
+    "MuSiQueTask",
+    "QADatasetSource",
+    "TwoWikiMultihopQATask",
+    "read_local_rows",
+]
+
+PathLike = str | os.PathLike[str]
+PathSpec = PathLike | Mapping[str, PathLike | Sequence[PathLike]]
+_SUFFIXES = (".jsonl", ".json", ".parquet")
+#: Dataset split names tried, in order, for our ``test`` split.
+_TEST_CANDIDATES = ("validation", "dev", "test")
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading rows
+# ----------------------------------------------------------------------------------------------
+
+
+def _files(p: PathLike) -> list[Path]:
+    path = Path(p).expanduser()
+    if path.is_dir():
+        files = sorted(f for f in path.iterdir() if f.suffix.lower() in _SUFFIXES)
+        if not files:
+            raise FileNotFoundError(f"no {'/'.join(_SUFFIXES)} files in directory {path}")
+        return files
+    if not path.exists():
+        raise FileNotFoundError(f"dataset file {path} does not exist")
+    if path.suffix.lower() not in _SUFFIXES:
+        raise ValueError(f"cannot read {path}: use a file ending in {', '.join(_SUFFIXES)}")
+    return [path]
+
+
+def _read_file(path: Path) -> list[dict[str, Any]]:
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return [dict(r) for r in pq.read_table(path).to_pylist()]
+    text = path.read_text(encoding="utf-8")
+    if suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None  # not one JSON document: read it as JSON lines below
+        if data is not None:
+            if isinstance(data, dict) and isinstance(data.get("data"), list):
+                data = data["data"]
+            if isinstance(data, dict):
+                data = [data]
+            if not isinstance(data, list):
+                raise ValueError(f"{path} holds a JSON {type(data).__name__}, not a list of rows")
+            return [dict(r) for r in data]
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(dict(json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not a JSON line ({e})") from e
+    return rows
+
+
+def read_local_rows(path: PathSpec, file_split: str = "test") -> dict[str, list[dict[str, Any]]]:
+    """Rows per split from local files: ``{split: rows}`` (see the module docstring)."""
+    if isinstance(path, Mapping):
+        out: dict[str, list[dict[str, Any]]] = {}
+        for split, spec in path.items():
+            items = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
+            out[str(split)] = [r for item in items for f in _files(item) for r in _read_file(f)]
+        return out
+    return {file_split: [r for f in _files(path) for r in _read_file(f)]}
+
+
+def load_hub_rows(
+    hub_id: str,
+    hub_config: str | None = None,
+    *,
+    revision: str | None = None,
+    cache_dir: str | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """Rows per dataset split of a hub dataset, through ``datasets.load_dataset``."""
+    import datasets as hf_datasets
+
+    try:
+        loaded = hf_datasets.load_dataset(
+            hub_id, hub_config, revision=revision, cache_dir=cache_dir
+        )
+    except Exception as e:  # network, auth or a missing dataset: say what to do instead
+        raise RuntimeError(
+            f"could not load hub dataset {hub_id!r} (config {hub_config!r}): "
+            f"{type(e).__name__}: {e}. Without network access pass path= to local "
+            "JSONL/JSON/parquet files in the dataset's own schema."
+        ) from e
+    return {name: [dict(r) for r in ds] for name, ds in loaded.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# Schema helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def _maybe_json(value: Any) -> Any:
+    if isinstance(value, str):
+        stripped = value.strip()
+        if stripped[:1] in ("[", "{"):
+            try:
+                return json.loads(stripped)
+            except json.JSONDecodeError:
+                return value
+    return value
+
+
+def _join(sentences: Any) -> str:
+    if isinstance(sentences, str):
+        return sentences.strip()
+    return " ".join(str(s).strip() for s in sentences if str(s).strip())
+
+
+def parse_context(context: Any) -> list[tuple[str, str]]:
+    """``[(title, text), ...]`` from a HotpotQA / 2Wiki context in list, dict or JSON form."""
+    context = _maybe_json(context)
+    if context is None:
+        return []
+    if isinstance(context, Mapping):
+        titles = list(context.get("title") or [])
+        sentences = list(context.get("sentences") or context.get("content") or [])
+        if len(titles) != len(sentences):
+            raise ValueError(
+                f"context has {len(titles)} titles but {len(sentences)} sentence lists"
+            )
+        return [(str(t), _join(s)) for t, s in zip(titles, sentences)]
+    out = []
+    for item in context:
+        if isinstance(item, Mapping):
+            out.append((str(item.get("title", "")), _join(item.get("sentences") or [])))
+        else:
+            title, sentences = item[0], item[1]
+            out.append((str(title), _join(sentences)))
+    return out
+
+
+def parse_supporting_titles(facts: Any) -> list[str]:
+    """Supporting titles, in first-mention order, from list, dict or JSON supporting facts."""
+    facts = _maybe_json(facts)
+    if not facts:
+        return []
+    titles = facts.get("title") or [] if isinstance(facts, Mapping) else [f[0] for f in facts]
+    return list(dict.fromkeys(str(t) for t in titles))
+
+
+def _first(row: Mapping[str, Any], names: Iterable[str], what: str) -> Any:
+    for name in names:
+        if name in row and row[name] is not None:
+            return row[name]
+    raise KeyError(f"row has no {what} field (looked for {list(names)}); fields: {sorted(row)}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Sources
+# ----------------------------------------------------------------------------------------------
+
+
+class QADatasetSource(TaskSource):
+    """Base class of the finite QA loaders (every argument is described in the module docs).
+
+    Args:
+        path: Local file(s), or ``{split: file(s)}``.
+        hub_id: Hub dataset id (default :attr:`default_hub_id` when ``path`` is not given).
+        hub_config: Hub config name (default :attr:`default_hub_config`).
+        revision: Hub revision.
+        split_map: Our split -> the dataset's split name.
+        dev_fraction: Share of train moved to dev when dev is carved from train.
+        file_split: The split a single local file or directory holds.
+        limit: Keep at most this many instances per split.
+        cache_dir: ``datasets`` cache folder.
+        token_counter: Counts ``metadata["context_tokens"]`` (default: the offline counter).
+    """
+
+    name = "qa_dataset"
+    domain = "qa"
+    default_hub_id: str | None = None
+    default_hub_config: str | None = None
+
+    def __init__(
+        self,
+        *,
+        path: PathSpec | None = None,
+        hub_id: str | None = None,
+        hub_config: str | None = None,
+        revision: str | None = None,
+        split_map: Mapping[str, str] | None = None,
+        dev_fraction: float = 0.1,
+        file_split: str = "test",
+        limit: int | None = None,
+        cache_dir: str | None = None,
+        token_counter: Any | None = None,
+    ) -> None:
+        if path is not None and hub_id is not None:
+            raise ValueError("give path= or hub_id=, not both")
+        if not 0.0 <= dev_fraction < 1.0:
+            raise ValueError(f"dev_fraction must be in [0, 1), got {dev_fraction}")
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        self.split_map = dict(split_map or {})
+        bad = sorted(set(self.split_map) - set(SPLITS))
+        if bad:
+            raise ValueError(f"split_map keys must be among {SPLITS}, got {bad}")
+        self.path = path
+        self.hub_id = hub_id
+        self.hub_config = hub_config
+        self.revision = revision
+        self.dev_fraction = dev_fraction
+        self.file_split = check_split(file_split)
+        self.limit = limit
+        self.cache_dir = cache_dir
+        if token_counter is None:
+            from selfcest_env.tokens import OfflineTokenCounter
+
+            token_counter = OfflineTokenCounter()
+        self.token_counter = token_counter
+        self._splits: dict[str, list[TaskInstance]] | None = None
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def location(self) -> str:
+        """Where the rows come from, in words (for messages)."""
+        if self.path is not None:
+            return f"path {self.path}"
+        config = self.hub_config or self.default_hub_config
+        return f"hub {self.hub_id or self.default_hub_id} (config {config})"
+
+    def fetch_rows(self) -> tuple[dict[str, list[dict[str, Any]]], bool]:
+        """``(rows per split, whether keyed by our split names)``: local files are, the hub not."""
+        if self.path is not None:
+            return read_local_rows(self.path, self.file_split), True
+        hub_id = self.hub_id or self.default_hub_id
+        if hub_id is None:
+            raise ValueError(f"{type(self).__name__} needs path= or hub_id=")
+        rows = load_hub_rows(
+            hub_id,
+            self.hub_config if self.hub_id else (self.hub_config or self.default_hub_config),
+            revision=self.revision,
+            cache_dir=self.cache_dir,
+        )
+        return rows, False
+
+    def _assign(
+        self, rows: Mapping[str, list[dict[str, Any]]], ours: bool
+    ) -> dict[str, list[tuple[str, int, dict[str, Any]]]]:
+        mapping: dict[str, str] = {}
+        for split in SPLITS:
+            if split in self.split_map:
+                if self.split_map[split] not in rows:
+                    raise ValueError(
+                        f"split_map sends {split!r} to {self.split_map[split]!r}, which the data "
+                        f"from {self.location()} lacks; it has {sorted(rows)}"
+                    )
+                mapping[split] = self.split_map[split]
+            elif ours or split == "train":
+                if split in rows:
+                    mapping[split] = split
+            elif split == "test":
+                used = set(mapping.values())
+                found = next((n for n in _TEST_CANDIDATES if n in rows and n not in used), None)
+                if found is not None:
+                    mapping["test"] = found
+        out = {s: [(n, i, r) for i, r in enumerate(rows[n])] for s, n in mapping.items()}
+        if "dev" not in out and "train" in out and self.dev_fraction > 0:
+            train, dev = [], []
+            for item in out["train"]:
+                u = stable_unit("selfcest-qa-dev", self.name, self.row_key(item[2]))
+                (dev if u < self.dev_fraction else train).append(item)
+            out["train"], out["dev"] = train, dev
+        return out
+
+    def _load(self) -> dict[str, list[TaskInstance]]:
+        if self._splits is None:
+            rows, ours = self.fetch_rows()
+            logger.info(
+                "loaded %s from %s: %s",
+                self.name,
+                self.location(),
+                {k: len(v) for k, v in rows.items()},
+            )
+            splits: dict[str, list[TaskInstance]] = {}
+            for split, items in self._assign(rows, ours).items():
+                out: list[TaskInstance] = []
+                for source_split, source_index, row in items:
+                    if self.limit is not None and len(out) >= self.limit:
+                        break
+                    inst = self.row_to_instance(row, split, len(out), source_split, source_index)
+                    if inst is not None:
+                        out.append(inst)
+                splits[split] = out
+            self._splits = splits
+        return self._splits
+
+    # -- per-dataset hooks ---------------------------------------------------------------------
+
+    def row_key(self, row: Mapping[str, Any]) -> str:
+        """The row's id (used to carve dev out of train)."""
+        return str(_first(row, ("_id", "id", "question"), "id"))
+
+    def row_to_instance(
+        self, row: Mapping[str, Any], split: str, index: int, source_split: str, source_index: int
+    ) -> TaskInstance | None:
+        """Build the instance for one row, or ``None`` to skip it."""
+        raise NotImplementedError
+
+    def _instance(
+        self,
+        row: Mapping[str, Any],
+        split: str,
+        index: int,
+        source_split: str,
+        source_index: int,
+        *,
+        paragraphs: Sequence[tuple[str, str]],
+        supporting: Sequence[int],
+        aliases: Sequence[str] = (),
+        hops: int | None = None,
+        qtype: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> TaskInstance | None:
+        """Shared construction: unique keys, supporting keys, token count, metadata."""
+        answer = str(row.get("answer") or "").strip()
+        if not answer:
+            logger.warning(
+                "%s row %s/%d has no answer; skipped", self.name, source_split, source_index
+            )
+            return None
+        keys = unique_keys(t for t, _ in paragraphs)
+        context = tuple(ContextItem(k, text) for k, (_, text) in zip(keys, paragraphs))
+        supporting_keys = tuple(dict.fromkeys(keys[i] for i in supporting))
+        count = self.token_counter.count_text
+        golds = tuple(dict.fromkeys(a.strip() for a in aliases if a and a.strip() != answer))
+        return TaskInstance(
+            task_id=f"{self.name}-{split}-{index}",
+            prompt=str(_first(row, ("question",), "question")).strip(),
+            answer=answer,
+            aliases=golds,
+            context=context,
+            metadata={
+                "hops": hops if hops is not None else len(supporting_keys),
+                "type": qtype if qtype is not None else str(row.get("type") or ""),
+                "supporting_keys": supporting_keys,
+                "context_tokens": sum(count(c.key) + count(c.text) for c in context),
+                "source_id": self.row_key(row),
+                "source_split": source_split,
+                "source_index": source_index,
+                **(extra or {}),
+            },
+        )
+
+    # -- TaskSource ----------------------------------------------------------------------------
+
+    def available_splits(self) -> tuple[str, ...]:
+        """Our splits that the loaded data has (loads the data)."""
+        return tuple(s for s in SPLITS if s in self._load())
+
+    def _split(self, split: str) -> list[TaskInstance]:
+        check_split(split)
+        splits = self._load()
+        if split not in splits:
+            raise ValueError(
+                f"{self.name} data from {self.location()} has no {split!r} split; it has "
+                f"{sorted(splits)}. Pass path={{split: file}} or split_map= to provide it."
+            )
+        return splits[split]
+
+    def size(self, split: str) -> int | None:
+        """Number of instances in ``split``."""
+        return len(self._split(split))
+
+    def get(self, split: str, index: int) -> TaskInstance:
+        """Instance ``index`` of ``split`` (dataset order)."""
+        items = self._split(split)
+        if not 0 <= index < len(items):
+            raise IndexError(f"{self.name} {split} has {len(items)} instances; index {index}")
+        return items[index]
+
+    def grade(self, instance: TaskInstance, answer: str) -> Grade:
+        """Normalised exact match over the answer and its aliases; token F1 in the details."""
+        return grade_qa(answer, instance.answer, instance.aliases)
+
+
+def _supporting_indices(paragraphs: Sequence[tuple[str, str]], titles: Iterable[str]) -> list[int]:
+    wanted = list(titles)
+    by_title: dict[str, list[int]] = {}
+    for i, (title, _) in enumerate(paragraphs):
+        by_title.setdefault(title, []).append(i)
+    missing = [t for t in wanted if t not in by_title]
+    if missing:
+        logger.debug("supporting titles not in the context: %s", missing)
+    return [i for t in wanted for i in by_title.get(t, [])]
+
+
+class TwoWikiMultihopQATask(QADatasetSource):
+    """2WikiMultihopQA (Ho et al., 2020): ``_id``, ``question``, ``answer``, ``type``, ``context``,
+    ``supporting_facts``, ``evidences``; default hub id ``framolfese/2WikiMultihopQA``."""
+
+    name = "2wikimultihopqa"
+    default_hub_id = "framolfese/2WikiMultihopQA"
+
+    def row_to_instance(
+        self, row: Mapping[str, Any], split: str, index: int, source_split: str, source_index: int
+    ) -> TaskInstance | None:
+        """Paragraphs from ``context``; supporting keys from ``supporting_facts``."""
+        paragraphs = parse_context(_first(row, ("context",), "context"))
+        titles = parse_supporting_titles(row.get("supporting_facts"))
+        evidences = _maybe_json(row.get("evidences")) or []
+        return self._instance(
+            row,
+            split,
+            index,
+            source_split,
+            source_index,
+            paragraphs=paragraphs,
+            supporting=_supporting_indices(paragraphs, titles),
+            extra={"num_evidences": len(evidences)},
+        )
+
+
+class HotpotQATask(QADatasetSource):
+    """HotpotQA, distractor setting (Yang et al., 2018): ``id``/``_id``, ``question``, ``answer``,
+    ``type``, ``level``, ``supporting_facts``, ``context``; default hub id ``hotpotqa/hotpot_qa``
+    config ``distractor``."""
+
+    name = "hotpotqa"
+    default_hub_id = "hotpotqa/hotpot_qa"
+    default_hub_config = "distractor"
+
+    def row_to_instance(
+        self, row: Mapping[str, Any], split: str, index: int, source_split: str, source_index: int
+    ) -> TaskInstance | None:
+        """Paragraphs from ``context``; supporting keys from ``supporting_facts``."""
+        paragraphs = parse_context(_first(row, ("context",), "context"))
+        titles = parse_supporting_titles(row.get("supporting_facts"))
+        return self._instance(
+            row,
+            split,
+            index,
+            source_split,
+            source_index,
+            paragraphs=paragraphs,
+            supporting=_supporting_indices(paragraphs, titles),
+            extra={"level": str(row.get("level") or "")},
+        )
+
+
+class MuSiQueTask(QADatasetSource):
+    """MuSiQue-Ans (Trivedi et al., 2022): ``id``, ``question``, ``answer``, ``answer_aliases``,
+    ``paragraphs``, ``question_decomposition``, ``answerable``; default hub id
+    ``dgslibisey/MuSiQue``.
+
+    Args:
+        include_unanswerable: Keep rows whose ``answerable`` is false (MuSiQue-Full).
+        **kwargs: As :class:`QADatasetSource`.
+    """
+
+    name = "musique"
+    default_hub_id = "dgslibisey/MuSiQue"
+
+    def __init__(self, *, include_unanswerable: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.include_unanswerable = include_unanswerable
+
+    def row_to_instance(
+        self, row: Mapping[str, Any], split: str, index: int, source_split: str, source_index: int
+    ) -> TaskInstance | None:
+        """Paragraphs in ``idx`` order; supporting keys from ``is_supporting``."""
+        if not self.include_unanswerable and row.get("answerable", True) is False:
+            return None
+        raw = _maybe_json(_first(row, ("paragraphs",), "paragraphs"))
+        items = sorted((dict(p) for p in raw), key=lambda p: int(p.get("idx") or 0))
+        paragraphs = [
+            (str(p.get("title", "")), str(p.get("paragraph_text", "")).strip()) for p in items
+        ]
+        supporting = [i for i, p in enumerate(items) if p.get("is_supporting")]
+        decomposition = _maybe_json(row.get("question_decomposition")) or []
+        row_id = str(row.get("id") or "")
+        qtype = row_id.split("__", 1)[0] if "__" in row_id else f"{len(decomposition)}hop"
+        aliases = _maybe_json(row.get("answer_aliases")) or []
+        return self._instance(
+            row,
+            split,
+            index,
+            source_split,
+            source_index,
+            paragraphs=paragraphs,
+            supporting=supporting,
+            aliases=[str(a) for a in aliases],
+            hops=len(decomposition) or len(supporting),
+            qtype=qtype,
+            extra={
+                "answerable": bool(row.get("answerable", True)),
+                "sub_questions": tuple(str(d.get("question", "")) for d in decomposition),
+            },
+        )

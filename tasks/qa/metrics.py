@@ -1,0 +1,110 @@
+"""SQuAD / HotpotQA-style answer metrics: normalisation, exact match and token F1.
+
+:func:`normalize_answer` follows the official SQuAD v1.1 and HotpotQA evaluation scripts, in the
+same order: lower case, delete punctuation, replace the articles ``a`` / ``an`` / ``the`` by a
+space, collapse white space. Unicode handling, decided here and kept close to the official
+scripts:
+
+* case: ``str.lower()`` only (not ``casefold``: ``"ß"`` stays ``"ß"``), as the official scripts;
+* accents are kept (``"Café"`` does not match ``"Cafe"``): stripping them (NFKD plus dropping
+  combining marks) is not part of the standard metric;
+* the text is first put into Unicode NFC form, so that a precomposed ``"é"`` and ``"e"`` plus a
+  combining acute accent compare equal; this never changes how a string looks;
+* punctuation is every character of ``string.punctuation`` (the official set, which includes the
+  ASCII symbols ``$ + < = > ^ ` | ~``) plus every Unicode character whose general category is
+  punctuation (``P*``: curly quotes, dashes, ``¿``, ``«»``, ``。`` ...). Other Unicode symbols
+  (``€``, ``°``, ``©``; category ``S*``) are kept. Punctuation is deleted, not replaced by a
+  space, as in the official scripts (``"well-known"`` becomes ``"wellknown"``);
+* white space is any Unicode white space (``str.split()``).
+
+:func:`f1` follows HotpotQA: a prediction or gold of ``yes`` / ``no`` / ``noanswer`` (after
+normalisation) scores 0 unless it equals the other side; when either side normalises to no tokens
+the score is 1 if both do, else 0 (the SQuAD v2 rule). Both metrics take the maximum over all gold
+aliases.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable
+
+from ..base import Grade
+
+__all__ = ["exact_match", "f1", "f1_precision_recall", "grade_qa", "normalize_answer"]
+
+_ASCII_PUNCT = frozenset(string.punctuation)
+_DROP_ASCII = str.maketrans("", "", string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_SPECIAL = frozenset({"yes", "no", "noanswer"})
+
+
+def _is_punct(ch: str) -> bool:
+    return ch in _ASCII_PUNCT or unicodedata.category(ch).startswith("P")
+
+
+def normalize_answer(text: str) -> str:
+    """Lower case, drop punctuation, drop articles, collapse white space (see module docs)."""
+    if text.isascii():
+        text = text.lower().translate(_DROP_ASCII)
+    else:
+        text = unicodedata.normalize("NFC", text).lower()
+        text = "".join(ch for ch in text if not _is_punct(ch))
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def _golds(golds: str | Iterable[str]) -> list[str]:
+    items = [golds] if isinstance(golds, str) else [str(g) for g in golds]
+    if not items:
+        raise ValueError("need at least one gold answer")
+    return items
+
+
+def exact_match(prediction: str, golds: str | Iterable[str]) -> float:
+    """1.0 if ``prediction`` normalises to the same string as any gold answer, else 0.0."""
+    pred = normalize_answer(prediction)
+    return float(any(pred == normalize_answer(g) for g in _golds(golds)))
+
+
+def f1_precision_recall(prediction: str, gold: str) -> tuple[float, float, float]:
+    """Token-level ``(f1, precision, recall)`` of ``prediction`` against one ``gold`` answer."""
+    pred = normalize_answer(prediction)
+    ref = normalize_answer(gold)
+    if (pred in _SPECIAL or ref in _SPECIAL) and pred != ref:
+        return 0.0, 0.0, 0.0
+    pred_tokens, ref_tokens = pred.split(), ref.split()
+    if not pred_tokens or not ref_tokens:
+        same = float(pred_tokens == ref_tokens)
+        return same, same, same
+    common = Counter(pred_tokens) & Counter(ref_tokens)
+    overlap = sum(common.values())
+    if overlap == 0:
+        return 0.0, 0.0, 0.0
+    precision = overlap / len(pred_tokens)
+    recall = overlap / len(ref_tokens)
+    return 2 * precision * recall / (precision + recall), precision, recall
+
+
+def f1(prediction: str, golds: str | Iterable[str]) -> float:
+    """The largest token F1 of ``prediction`` against any gold answer."""
+    return max(f1_precision_recall(prediction, g)[0] for g in _golds(golds))
+
+
+def grade_qa(answer: str, gold: str, aliases: Iterable[str] = ()) -> Grade:
+    """Exact match after normalisation over ``gold`` and ``aliases``; token F1 in the details.
+
+    If ``answer`` contains an ``Answer:`` marker only the text after the last one is graded.
+    """
+    golds = [gold, *aliases]
+    marker = answer.rfind("Answer:")
+    text = answer[marker + len("Answer:") :] if marker >= 0 else answer
+    text = text.strip()
+    em = exact_match(text, golds)
+    return Grade(
+        score=em,
+        correct=em == 1.0,
+        details={"exact_match": em, "f1": f1(text, golds), "normalized": normalize_answer(text)},
+    )
