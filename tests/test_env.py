@@ -25,7 +25,7 @@ def play(env, agent, **reset_kwargs):
 
 
 @pytest.mark.filterwarnings("ignore:.*maximum value is infinity")
-@pytest.mark.parametrize("env_id", ["SelfCest-Math-v0"])
+@pytest.mark.parametrize("env_id", ["SelfCest-Math-v0", "SelfCest-MultiHopQA-v0"])
 def test_check_env_passes(env_id):
     env = gym.make(env_id)
     check_env(env.unwrapped, skip_render_check=True)

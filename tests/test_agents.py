@@ -1,0 +1,93 @@
+"""Every bundled agent on both envs with the real default model: the ledger charges exactly
+the tokens the backend returned."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+
+from selfcest_env.agents.backends.base import Backend
+from selfcest_env.agents.base import SamplingConfig, clone_answers
+from selfcest_env.agents.clone_controller import CloneControllerAgent
+from selfcest_env.agents.monolithic import MonolithicAgent
+from selfcest_env.agents.self_consistency import SelfConsistencyAgent, vote
+from selfcest_env.agents.tree_of_thoughts import (
+    TreeOfThoughtsAgent,
+    TreeOfThoughtsConfig,
+    parse_value,
+)
+from selfcest_env.rollout import episode_specs, run_episodes
+
+
+class CountingBackend(Backend):
+    """Passes requests to a real backend and adds up the token ids it returned."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.model_name = inner.model_name
+        self.tokenizer = inner.tokenizer
+        self.returned_tokens = 0
+        self.requests = 0
+
+    def generate(self, requests):
+        results = self.inner.generate(requests)
+        self.requests += len(requests)
+        self.returned_tokens += sum(len(r.token_ids) for r in results)
+        return results
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from selfcest_env.agents.backends.transformers_backend import TransformersBackend
+
+    return TransformersBackend(batch_size=8)
+
+
+def make_agents(backend):
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=24)
+    sampled = SamplingConfig(temperature=0.8, max_new_tokens=24, seed=3)
+    return [
+        MonolithicAgent(backend, greedy),
+        CloneControllerAgent(backend, greedy),
+        SelfConsistencyAgent(backend, k=2, sampling=sampled),
+        TreeOfThoughtsAgent(backend, TreeOfThoughtsConfig(1, 2, 1), sampled),
+    ]
+
+
+ENVS = [
+    ("SelfCest-Math-v0", {"preset": "tiny"}),
+    ("SelfCest-MultiHopQA-v0", {"hops": (2,), "num_distractors": 1}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("env_id", "env_kwargs"), ENVS)
+def test_every_agent_is_charged_exactly_what_the_backend_returned(backend, env_id, env_kwargs):
+    counting = CountingBackend(backend)
+    for agent in make_agents(counting):
+        before_requests, before_tokens = counting.requests, counting.returned_tokens
+
+        def make_env(agent=agent):
+            kwargs = {**env_kwargs, **agent.env_overrides(), "tokenizer": backend.tokenizer}
+            return gym.make(env_id, **kwargs).unwrapped
+
+        results = list(run_episodes(make_env, agent, episode_specs(range(2)), progress=False))
+        assert len(results) == 2, agent.name
+        charged = sum(r.meters["gen_tokens"] for r in results)
+        returned = counting.returned_tokens - before_tokens
+        assert counting.requests > before_requests and charged == returned > 0, agent.name
+        clones = sum(r.meters["clones"] for r in results)
+        if agent.name == "monolithic":
+            assert clones == 0
+        if agent.name in ("self-consistency", "tree-of-thoughts"):
+            assert clones >= 4
+
+
+def test_vote_and_clone_answer_parsing():
+    lines = "turn1_clone1: 42.\nturn1_clone2: failed due to context limit\nerror: x\nt: 42\nu: 7"
+    assert clone_answers(lines) == ["42.", None, "42", "7"]
+    assert vote(clone_answers(lines)) == "42."
+    assert vote(["a", "b"]) == "a" and vote([None]) == ""
+    assert parse_value("I'd say 7/10") == 7.0 and parse_value("99") == 10.0
+    assert parse_value("no idea") == 0.0
