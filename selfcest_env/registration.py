@@ -12,11 +12,13 @@ Keyword arguments are routed by name: :class:`~selfcest_env.env.EnvConfig` field
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 
 from selfcest_env.env import EnvConfig, SelfCestEnv, split_env_kwargs
+from selfcest_env.tasks.base import TaskSource
 
 MATH_ENV_ID = "SelfCest-Math-v0"
 QA_ENV_ID = "SelfCest-MultiHopQA-v0"
@@ -33,10 +35,7 @@ def make_math_env(
     """A :class:`SelfCestEnv` over a math source (the entry point of ``SelfCest-Math-v0``)."""
     from selfcest_env.tasks.math import make_math_source
 
-    env_config, source_kwargs = split_env_kwargs(kwargs, config)
-    return SelfCestEnv(
-        make_math_source(source, **source_kwargs), env_config, tokenizer, render_mode
-    )
+    return _make_env(make_math_source, source, config, tokenizer, render_mode, kwargs)
 
 
 def make_qa_env(
@@ -50,8 +49,19 @@ def make_qa_env(
     """A :class:`SelfCestEnv` over a QA source (the entry point of ``SelfCest-MultiHopQA-v0``)."""
     from selfcest_env.tasks.qa import make_qa_source
 
+    return _make_env(make_qa_source, source, config, tokenizer, render_mode, kwargs)
+
+
+def _make_env(
+    make_source: Callable[..., TaskSource],
+    source: str,
+    config: EnvConfig | None,
+    tokenizer: Any | None,
+    render_mode: str | None,
+    kwargs: dict[str, Any],
+) -> SelfCestEnv:
     env_config, source_kwargs = split_env_kwargs(kwargs, config)
-    return SelfCestEnv(make_qa_source(source, **source_kwargs), env_config, tokenizer, render_mode)
+    return SelfCestEnv(make_source(source, **source_kwargs), env_config, tokenizer, render_mode)
 
 
 def register_envs() -> None:
