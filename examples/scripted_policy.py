@@ -1,6 +1,6 @@
 """Play SelfCest-Math-v0 with the two scripted agents and print what the ledger charged.
 
-    python examples/scripted_policy.py
+python examples/scripted_policy.py
 """
 
 from __future__ import annotations
