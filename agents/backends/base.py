@@ -1,0 +1,155 @@
+"""The batched backend protocol shared by every model backend.
+
+A backend turns a batch of :class:`GenerationRequest` into one :class:`GenerationResult` per
+request, in order. Invariants every backend keeps (and the tests check):
+
+* ``len(result.token_ids) == len(result.logprobs)``;
+* ``len(result.token_ids) <= request.max_new_tokens``;
+* ``result.text`` is the decoding of ``result.token_ids`` (special tokens skipped).
+
+Stop strings: generation stops at the token that *completes* a stop string; the token ids are
+kept up to and including that token and the text is their decoding, so the text ends with the
+stop string (plus whatever else that last token spelled). Text and ids therefore always agree and
+the ledger charges exactly the tokens that were sampled. An end-of-sequence token is kept in
+``token_ids`` (it was sampled and costs a token) but decodes to nothing.
+
+One failed request never raises out of :meth:`Backend.generate`: its result has
+``finish_reason="error"`` and ``error`` says why.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "error"]
+Message = dict[str, Any]
+
+
+@dataclass
+class GenerationRequest:
+    """One generation: chat ``messages`` (rendered with the chat template) or raw ``prompt_ids``.
+
+    ``temperature=0`` means greedy decoding. ``seed`` makes sampling reproducible per request
+    (the same seed gives the same output whatever else is in the batch, up to padding numerics).
+    ``tools`` is passed to the chat template (Hermes/Qwen-style tool definitions).
+    """
+
+    messages: list[Message] | None = None
+    prompt_ids: list[int] | None = None
+    max_new_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    tools: list[dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.messages is None) == (self.prompt_ids is None):
+            raise ValueError("GenerationRequest needs exactly one of messages or prompt_ids")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if isinstance(self.stop, str):
+            self.stop = (self.stop,)
+        self.stop = tuple(self.stop)
+
+
+@dataclass
+class GenerationResult:
+    """The outcome of one request (see the module docstring for the invariants)."""
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: FinishReason = "stop"
+    prompt_tokens: int = 0
+    error: str | None = None
+
+    @classmethod
+    def failed(cls, message: str, prompt_tokens: int = 0) -> GenerationResult:
+        """An error result carrying ``message``."""
+        return cls(text="", finish_reason="error", prompt_tokens=prompt_tokens, error=message)
+
+
+class Backend(abc.ABC):
+    """A batched text generator. Subclasses set ``name``, ``model_name`` and ``tokenizer``.
+
+    ``tokenizer`` is a Hugging Face tokenizer when one is available (pass it to
+    ``selfcest_env.tokens.as_token_counter`` for exact ledger counts), else ``None``.
+    """
+
+    name: str = "base"
+    model_name: str = ""
+    tokenizer: Any = None
+
+    @abc.abstractmethod
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """One result per request, in order; never raises for a single failed request."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Release resources (threads, connections, GPU memory). Idempotent."""
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(model_name={self.model_name!r})"
+
+
+def cut_at_stop(
+    token_ids: Sequence[int],
+    decode: Callable[[Sequence[int]], str],
+    stop: Sequence[str],
+) -> int | None:
+    """The number of leading tokens up to and including the first token whose prefix decodes to a
+    text containing a stop string, or ``None`` when no stop string occurs."""
+    stop = [s for s in stop if s]
+    if not stop or not token_ids or not any(s in decode(token_ids) for s in stop):
+        return None
+    lo, hi = 1, len(token_ids)
+    while lo < hi:  # containment is monotone in the prefix length
+        mid = (lo + hi) // 2
+        text = decode(token_ids[:mid])
+        if any(s in text for s in stop):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def finalize(
+    token_ids: list[int],
+    logprobs: list[float],
+    decode: Callable[[Sequence[int]], str],
+    stop: Sequence[str],
+    max_new_tokens: int,
+    hit_eos: bool,
+    prompt_tokens: int,
+) -> GenerationResult:
+    """Apply stop strings and the token cap to sampled tokens and build the result."""
+    finish: FinishReason = "stop" if hit_eos else "length"
+    cut = cut_at_stop(token_ids, decode, stop)
+    if cut is not None:
+        token_ids, logprobs, finish = token_ids[:cut], logprobs[:cut], "stop"
+    if len(token_ids) > max_new_tokens:
+        token_ids, logprobs, finish = (
+            token_ids[:max_new_tokens],
+            logprobs[:max_new_tokens],
+            "length",
+        )
+    return GenerationResult(
+        text=decode(token_ids),
+        token_ids=list(token_ids),
+        logprobs=[float(x) for x in logprobs],
+        finish_reason=finish,
+        prompt_tokens=prompt_tokens,
+    )
