@@ -29,8 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..base import SPLITS, Grade, TaskInstance, TaskSource, check_split
-from ._util import split_of, stable_hash64
+from ..base import SPLITS, Grade, TaskInstance
+from ..hashing import split_of
+from ._seeded import SeededSplitSource
 from .grading import grade_integer
 
 OPERATORS: tuple[str, ...] = ("+", "-", "*")
@@ -329,7 +330,7 @@ def _place_span(
     return rng.choice(pool) if pool else None
 
 
-class ArithmeticTask(TaskSource):
+class ArithmeticTask(SeededSplitSource):
     """Unbounded, seeded arithmetic source with disjoint train/dev/test splits.
 
     Args:
@@ -359,16 +360,10 @@ class ArithmeticTask(TaskSource):
         if overrides:
             config = config.replace(**overrides)
         self.config = config
-        self.seed = int(seed)
-        self._split_weights = dict(zip(SPLITS, config.split_weights, strict=True))
+        self._init_seeded(seed, config.split_weights)
 
     def __repr__(self) -> str:
         return f"ArithmeticTask(preset={self.config.preset_name!r}, seed={self.seed})"
-
-    def size(self, split: str) -> int | None:
-        """Always ``None``: the generator is unbounded."""
-        check_split(split)
-        return None
 
     def split_of_text(self, expression: str) -> str:
         """The split that an expression text belongs to (a stable hash of the text)."""
@@ -376,22 +371,17 @@ class ArithmeticTask(TaskSource):
 
     def get(self, split: str, index: int) -> TaskInstance:
         """Instance ``index`` of ``split`` (deterministic; see the module docstring)."""
-        check_split(split)
-        if index < 0:
-            raise IndexError(f"index must be >= 0, got {index}")
-        if self._split_weights[split] <= 0:
-            raise ValueError(f"split {split!r} has weight 0 in split_weights; it is empty")
         cfg = self.config
-        rng = random.Random(stable_hash64("selfcest-arithmetic", self.seed, split, index))
         bound = None if cfg.max_result_digits is None else 10**cfg.max_result_digits
-        for attempt in range(1, cfg.max_attempts + 1):
+
+        def draw(rng: random.Random, attempt: int) -> TaskInstance | None:
             expr = sample_expression(cfg, rng)
             value = expr.value()
             if bound is not None and abs(value) >= bound:
-                continue
+                return None
             text = expr.text(cfg.spaced)
             if self.split_of_text(text) != split:
-                continue
+                return None
             return TaskInstance(
                 task_id=f"arithmetic-{split}-{self.seed}-{index}",
                 prompt=f"Calculate the value of {text}.",
@@ -409,10 +399,18 @@ class ArithmeticTask(TaskSource):
                     "attempts": attempt,
                 },
             )
-        raise RuntimeError(
-            f"no expression for split {split!r} within {cfg.max_attempts} draws; the configured "
-            "space is too small or max_result_digits too tight: widen the config or raise "
-            "max_attempts"
+
+        return self.draw_instance(
+            split,
+            index,
+            salt="selfcest-arithmetic",
+            max_attempts=cfg.max_attempts,
+            draw=draw,
+            exhausted=(
+                f"no expression for split {split!r} within {cfg.max_attempts} draws; the "
+                "configured space is too small or max_result_digits too tight: widen the config "
+                "or raise max_attempts"
+            ),
         )
 
     def grade(self, instance: TaskInstance, answer: str) -> Grade:

@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from ..base import SPLITS, Grade, TaskInstance, TaskSource, check_split
-from ._util import stable_unit
+from ..hashing import stable_unit
 from .grading import extract_final_answer, grade_math, parse_number
 
 _ALIAS_SPLIT = re.compile(r",?\s*(?:or equivalently|equivalently|i\.e\.,?|that is,?)\s*", re.I)

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from ..base import SPLITS, Grade, TaskInstance, TaskSource, check_split
-from ._util import split_of, stable_hash64
+from ..base import SPLITS, Grade, TaskInstance
+from ..hashing import split_of
+from ._seeded import SeededSplitSource
 from .grading import extract
 
 _OPS = ("+", "-", "*", "/")
@@ -145,7 +146,7 @@ def _random_solution(
     return int(value), exprs[0]
 
 
-class CountdownTask(TaskSource):
+class CountdownTask(SeededSplitSource):
     """Unbounded, seeded Countdown source with disjoint splits (see the module docstring).
 
     Args:
@@ -170,16 +171,10 @@ class CountdownTask(TaskSource):
                 )
             config = dataclasses.replace(config, **overrides)
         self.config = config
-        self.seed = int(seed)
-        self._split_weights = dict(zip(SPLITS, config.split_weights, strict=True))
+        self._init_seeded(seed, config.split_weights)
 
     def __repr__(self) -> str:
         return f"CountdownTask(n_numbers={self.config.n_numbers}, seed={self.seed})"
-
-    def size(self, split: str) -> int | None:
-        """Always ``None``: the generator is unbounded."""
-        check_split(split)
-        return None
 
     def split_of_problem(self, numbers: list[int] | tuple[int, ...], target: int) -> str:
         """The split a problem belongs to (a stable hash of its sorted numbers and target)."""
@@ -188,14 +183,9 @@ class CountdownTask(TaskSource):
 
     def get(self, split: str, index: int) -> TaskInstance:
         """Instance ``index`` of ``split`` (deterministic from seed, split and index)."""
-        check_split(split)
-        if index < 0:
-            raise IndexError(f"index must be >= 0, got {index}")
-        if self._split_weights[split] <= 0:
-            raise ValueError(f"split {split!r} has weight 0 in split_weights; it is empty")
         cfg = self.config
-        rng = random.Random(stable_hash64("selfcest-countdown", self.seed, split, index))
-        for attempt in range(1, cfg.max_attempts + 1):
+
+        def draw(rng: random.Random, attempt: int) -> TaskInstance | None:
             numbers = [rng.randint(cfg.min_number, cfg.max_number) for _ in range(cfg.n_numbers)]
             found: dict[int, str] = {}
             for _ in range(cfg.tries_per_draw):
@@ -205,10 +195,10 @@ class CountdownTask(TaskSource):
                     if len(found) >= cfg.targets_per_draw:
                         break
             if not found:
-                continue
+                return None
             target = rng.choice(sorted(found))
             if self.split_of_problem(numbers, target) != split:
-                continue
+                return None
             listed = ", ".join(str(n) for n in numbers)
             prompt = (
                 f"Using the numbers [{listed}], create an equation that equals {target}. "
@@ -227,9 +217,17 @@ class CountdownTask(TaskSource):
                     "attempts": attempt,
                 },
             )
-        raise RuntimeError(
-            f"no Countdown problem for split {split!r} within {cfg.max_attempts} draws; widen "
-            "the number or target range or raise max_attempts"
+
+        return self.draw_instance(
+            split,
+            index,
+            salt="selfcest-countdown",
+            max_attempts=cfg.max_attempts,
+            draw=draw,
+            exhausted=(
+                f"no Countdown problem for split {split!r} within {cfg.max_attempts} draws; "
+                "widen the number or target range or raise max_attempts"
+            ),
         )
 
     def grade(self, instance: TaskInstance, answer: str) -> Grade:

@@ -33,13 +33,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..base import SPLITS, Grade, TaskInstance, TaskSource, check_split
-from ._util import stable_unit
+from ..base import SPLITS, Grade, TaskInstance
+from ..loading import DatasetSource, PathLike, PathSpec, TaggedRows, expand_files, load_hub_rows
+from ..loading import spec_items as _spec_items
 from .grading import extract_boxed, extract_gsm8k, grade_math
 
 logger = logging.getLogger(__name__)
 
-PathLike = str | os.PathLike[str]
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Where the GSM8K test split is looked for when nothing else is given (relative to the repo root).
 GSM8K_DEFAULT_LOCAL = Path("..") / "shared" / "data" / "gsm8k" / "test.jsonl"
@@ -81,20 +81,12 @@ def _format_of(files: Sequence[str]) -> str:
 
 
 def _expand(p: PathLike) -> list[str]:
-    path = Path(p).expanduser()
-    if path.is_dir():
-        files = sorted(str(f) for f in path.iterdir() if f.suffix.lower() in _FORMATS)
-        if not files:
-            raise FileNotFoundError(f"no {'/'.join(_FORMATS)} files in directory {path}")
-        return files
-    if not path.exists():
-        raise FileNotFoundError(f"dataset file {path} does not exist")
-    return [str(path)]
+    return [str(f) for f in expand_files(p, tuple(_FORMATS), check_suffix=False)]
 
 
 def load_rows(
     *,
-    path: PathLike | Mapping[str, PathLike | Sequence[PathLike]] | None = None,
+    path: PathSpec | None = None,
     hub_id: str | None = None,
     hub_config: str | None = None,
     revision: str | None = None,
@@ -113,26 +105,22 @@ def load_rows(
         if isinstance(path, Mapping):
             data_files: dict[str, list[str]] = {}
             for split, files in path.items():
-                items = [files] if isinstance(files, (str, os.PathLike)) else list(files)
-                data_files[str(split)] = [f for item in items for f in _expand(item)]
+                data_files[str(split)] = [f for item in _spec_items(files) for f in _expand(item)]
         else:
             files = _expand(path)
             split = _split_from_name(str(path)) or file_split
             data_files = {split: files}
         fmt = _format_of([f for fs in data_files.values() for f in fs])
         loaded = hf_datasets.load_dataset(fmt, data_files=data_files, cache_dir=cache_dir)
-    else:
-        try:
-            loaded = hf_datasets.load_dataset(
-                hub_id, hub_config, revision=revision, cache_dir=cache_dir
-            )
-        except Exception as e:  # network, auth or a missing dataset: say what to do instead
-            raise RuntimeError(
-                f"could not load hub dataset {hub_id!r} (config {hub_config!r}): "
-                f"{type(e).__name__}: {e}. Without network access pass path= to local "
-                "JSONL/parquet files in the same schema."
-            ) from e
-    return {name: [dict(r) for r in ds] for name, ds in loaded.items()}
+        return {name: [dict(r) for r in ds] for name, ds in loaded.items()}
+    assert hub_id is not None
+    return load_hub_rows(
+        hub_id,
+        hub_config,
+        revision=revision,
+        cache_dir=cache_dir,
+        local_files="JSONL/parquet files in the same schema",
+    )
 
 
 def _field(row: Mapping[str, Any], names: Iterable[str], *, what: str) -> Any:
@@ -151,7 +139,7 @@ def _maybe_field(row: Mapping[str, Any], names: Iterable[str]) -> Any:
         return None
 
 
-class DatasetMathSource(TaskSource):
+class DatasetMathSource(DatasetSource):
     """Base class of the finite math loaders (see the module docstring for every argument).
 
     Subclasses set :attr:`name`, :attr:`default_hub_id`, :attr:`default_hub_config` and implement
@@ -173,45 +161,15 @@ class DatasetMathSource(TaskSource):
 
     name = "math_dataset"
     domain = "math"
-    default_hub_id: str | None = None
-    default_hub_config: str | None = None
-    #: Our split -> dataset split used by default (before ``split_map``).
-    default_split_map: Mapping[str, str] = {}
+    dev_salt = "selfcest-dev"
+    missing_split_hint = (
+        "Pass path= with a file for that split (or a mapping {split: file}), or split_map= to "
+        "use another split."
+    )
 
-    def __init__(
-        self,
-        *,
-        path: PathLike | Mapping[str, PathLike | Sequence[PathLike]] | None = None,
-        hub_id: str | None = None,
-        hub_config: str | None = None,
-        revision: str | None = None,
-        split_map: Mapping[str, str] | None = None,
-        dev_fraction: float = 0.1,
-        file_split: str = "test",
-        limit: int | None = None,
-        cache_dir: str | None = None,
-        grade_timeout: float | None = None,
-    ) -> None:
-        if not 0.0 <= dev_fraction < 1.0:
-            raise ValueError(f"dev_fraction must be in [0, 1), got {dev_fraction}")
-        if limit is not None and limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
-        if path is not None and hub_id is not None:
-            raise ValueError("give path= or hub_id=, not both")
-        self.path = path
-        self.hub_id = hub_id
-        self.hub_config = hub_config
-        self.revision = revision
-        self.split_map = {**self.default_split_map, **(split_map or {})}
-        bad = sorted(set(self.split_map) - set(SPLITS))
-        if bad:
-            raise ValueError(f"split_map keys must be among {SPLITS}, got {bad}")
-        self.dev_fraction = dev_fraction
-        self.file_split = file_split
-        self.limit = limit
-        self.cache_dir = cache_dir
+    def __init__(self, *, grade_timeout: float | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.grade_timeout = grade_timeout
-        self._splits: dict[str, list[TaskInstance]] | None = None
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -228,6 +186,10 @@ class DatasetMathSource(TaskSource):
             "hub_config": self.hub_config or self.default_hub_config,
         }
 
+    def location(self) -> str:
+        """:meth:`resolve_location` as text (for messages)."""
+        return str(self.resolve_location())
+
     def _fetch_rows(self) -> dict[str, list[dict[str, Any]]]:
         """Rows per dataset split, from wherever :meth:`resolve_location` says."""
         where = self.resolve_location()
@@ -237,28 +199,12 @@ class DatasetMathSource(TaskSource):
         logger.info("loaded %s from %s: %s", self.name, where, {k: len(v) for k, v in rows.items()})
         return rows
 
-    def _load(self) -> dict[str, list[TaskInstance]]:
-        if self._splits is None:
-            self._splits = self._build(self._fetch_rows())
-        return self._splits
+    def assign_rows(self) -> dict[str, TaggedRows]:
+        """The fetched rows assigned to our splits (see the module docstring)."""
+        return self._assign_splits(self._fetch_rows())
 
-    def _build(self, rows: Mapping[str, list[dict[str, Any]]]) -> dict[str, list[TaskInstance]]:
-        splits: dict[str, list[TaskInstance]] = {}
-        for split, items in self._assign_splits(rows).items():
-            out: list[TaskInstance] = []
-            for source_split, source_index, row in items:
-                if self.limit is not None and len(out) >= self.limit:
-                    break
-                inst = self.row_to_instance(row, split, len(out), source_split, source_index)
-                if inst is not None:
-                    out.append(inst)
-            splits[split] = out
-        return splits
-
-    def _assign_splits(
-        self, rows: Mapping[str, list[dict[str, Any]]]
-    ) -> dict[str, list[tuple[str, int, dict[str, Any]]]]:
-        def tagged(name: str) -> list[tuple[str, int, dict[str, Any]]]:
+    def _assign_splits(self, rows: Mapping[str, list[dict[str, Any]]]) -> dict[str, TaggedRows]:
+        def tagged(name: str) -> TaggedRows:
             return [(name, i, r) for i, r in enumerate(rows[name])]
 
         mapping: dict[str, str] = {}
@@ -280,20 +226,7 @@ class DatasetMathSource(TaskSource):
             if found is not None:
                 mapping[split] = found
                 claimed.add(found)
-        out: dict[str, list[tuple[str, int, dict[str, Any]]]] = {
-            s: tagged(n) for s, n in mapping.items()
-        }
-        if "dev" not in out and "train" in out and self.dev_fraction > 0:
-            train, dev = [], []
-            for item in out["train"]:
-                key = self.row_key(item[2])
-                (
-                    dev
-                    if stable_unit("selfcest-dev", self.name, key) < self.dev_fraction
-                    else train
-                ).append(item)
-            out["train"], out["dev"] = train, dev
-        return out
+        return self.carve_dev({s: tagged(n) for s, n in mapping.items()})
 
     # -- per-dataset hooks ---------------------------------------------------------------------
 
@@ -301,39 +234,24 @@ class DatasetMathSource(TaskSource):
         """Text that identifies a row (used to carve dev out of train)."""
         return str(_field(row, ("problem", "question"), what="problem"))
 
-    def row_to_instance(
-        self, row: Mapping[str, Any], split: str, index: int, source_split: str, source_index: int
-    ) -> TaskInstance | None:
-        """Build the instance for one row, or ``None`` to skip the row."""
-        raise NotImplementedError
+    def _instance(
+        self,
+        split: str,
+        index: int,
+        prompt: str,
+        answer: str,
+        meta: dict[str, Any],
+        uid: Any,
+        uid_key: str,
+    ) -> TaskInstance:
+        """The instance ``{name}-{split}-{index}``; ``meta[uid_key]`` is ``str(uid)`` if given."""
+        if uid is not None:
+            meta[uid_key] = str(uid)
+        return TaskInstance(
+            task_id=f"{self.name}-{split}-{index}", prompt=prompt, answer=answer, metadata=meta
+        )
 
     # -- TaskSource ----------------------------------------------------------------------------
-
-    def available_splits(self) -> tuple[str, ...]:
-        """Our splits that the loaded data has (loads the data)."""
-        return tuple(s for s in SPLITS if s in self._load())
-
-    def _split(self, split: str) -> list[TaskInstance]:
-        check_split(split)
-        splits = self._load()
-        if split not in splits:
-            raise ValueError(
-                f"{self.name} data from {self.resolve_location()} has no {split!r} split; it has "
-                f"{sorted(splits)}. Pass path= with a file for that split (or a mapping "
-                "{split: file}), or split_map= to use another split."
-            )
-        return splits[split]
-
-    def size(self, split: str) -> int | None:
-        """Number of instances in ``split``."""
-        return len(self._split(split))
-
-    def get(self, split: str, index: int) -> TaskInstance:
-        """Instance ``index`` of ``split`` (dataset order)."""
-        items = self._split(split)
-        if not 0 <= index < len(items):
-            raise IndexError(f"{self.name} {split} has {len(items)} instances; index {index}")
-        return items[index]
 
     def grade(self, instance: TaskInstance, answer: str) -> Grade:
         """LaTeX-aware equivalence with the gold answer and its aliases (:func:`grade_math`)."""
@@ -482,14 +400,8 @@ class MATHTask(DatasetMathSource):
             "source_split": source_split,
             "source_index": source_index,
         }
-        if uid is not None:
-            meta["unique_id"] = str(uid)
-        return TaskInstance(
-            task_id=f"{self.name}-{split}-{index}",
-            prompt=str(_field(row, ("problem",), what="problem")).strip(),
-            answer=gold,
-            metadata=meta,
-        )
+        prompt = str(_field(row, ("problem",), what="problem")).strip()
+        return self._instance(split, index, prompt, gold, meta, uid, "unique_id")
 
 
 class MATHHardTask(MATHTask):
@@ -559,8 +471,4 @@ class AIMETask(DatasetMathSource):
             "source_split": source_split,
             "source_index": source_index,
         }
-        if uid is not None:
-            meta["id"] = str(uid)
-        return TaskInstance(
-            task_id=f"aime-{split}-{index}", prompt=problem, answer=answer, metadata=meta
-        )
+        return self._instance(split, index, problem, answer, meta, uid, "id")

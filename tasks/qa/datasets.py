@@ -43,13 +43,21 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..base import SPLITS, ContextItem, Grade, TaskInstance, TaskSource, check_split
-from ._util import stable_unit, unique_keys
+from ..base import SPLITS, ContextItem, Grade, TaskInstance, check_split
+from ..loading import (
+    DatasetSource,
+    PathLike,
+    PathSpec,
+    TaggedRows,
+    expand_files,
+    load_hub_rows,
+    spec_items,
+)
+from ._util import unique_keys
 from .metrics import grade_qa
 
 logger = logging.getLogger(__name__)
@@ -62,8 +70,6 @@ __all__ = [
     "read_local_rows",
 ]
 
-PathLike = str | os.PathLike[str]
-PathSpec = PathLike | Mapping[str, PathLike | Sequence[PathLike]]
 _SUFFIXES = (".jsonl", ".json", ".parquet")
 #: Dataset split names tried, in order, for our ``test`` split.
 _TEST_CANDIDATES = ("validation", "dev", "test")
@@ -75,17 +81,7 @@ _TEST_CANDIDATES = ("validation", "dev", "test")
 
 
 def _files(p: PathLike) -> list[Path]:
-    path = Path(p).expanduser()
-    if path.is_dir():
-        files = sorted(f for f in path.iterdir() if f.suffix.lower() in _SUFFIXES)
-        if not files:
-            raise FileNotFoundError(f"no {'/'.join(_SUFFIXES)} files in directory {path}")
-        return files
-    if not path.exists():
-        raise FileNotFoundError(f"dataset file {path} does not exist")
-    if path.suffix.lower() not in _SUFFIXES:
-        raise ValueError(f"cannot read {path}: use a file ending in {', '.join(_SUFFIXES)}")
-    return [path]
+    return expand_files(p, _SUFFIXES, check_suffix=True)
 
 
 def _read_file(path: Path) -> list[dict[str, Any]]:
@@ -123,33 +119,11 @@ def read_local_rows(path: PathSpec, file_split: str = "test") -> dict[str, list[
     if isinstance(path, Mapping):
         out: dict[str, list[dict[str, Any]]] = {}
         for split, spec in path.items():
-            items = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
-            out[str(split)] = [r for item in items for f in _files(item) for r in _read_file(f)]
+            out[str(split)] = [
+                r for item in spec_items(spec) for f in _files(item) for r in _read_file(f)
+            ]
         return out
     return {file_split: [r for f in _files(path) for r in _read_file(f)]}
-
-
-def load_hub_rows(
-    hub_id: str,
-    hub_config: str | None = None,
-    *,
-    revision: str | None = None,
-    cache_dir: str | None = None,
-) -> dict[str, list[dict[str, Any]]]:
-    """Rows per dataset split of a hub dataset, through ``datasets.load_dataset``."""
-    import datasets as hf_datasets
-
-    try:
-        loaded = hf_datasets.load_dataset(
-            hub_id, hub_config, revision=revision, cache_dir=cache_dir
-        )
-    except Exception as e:  # network, auth or a missing dataset: say what to do instead
-        raise RuntimeError(
-            f"could not load hub dataset {hub_id!r} (config {hub_config!r}): "
-            f"{type(e).__name__}: {e}. Without network access pass path= to local "
-            "JSONL/JSON/parquet files in the dataset's own schema."
-        ) from e
-    return {name: [dict(r) for r in ds] for name, ds in loaded.items()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -218,7 +192,7 @@ def _first(row: Mapping[str, Any], names: Iterable[str], what: str) -> Any:
 # ----------------------------------------------------------------------------------------------
 
 
-class QADatasetSource(TaskSource):
+class QADatasetSource(DatasetSource):
     """Base class of the finite QA loaders (every argument is described in the module docs).
 
     Args:
@@ -236,47 +210,18 @@ class QADatasetSource(TaskSource):
 
     name = "qa_dataset"
     domain = "qa"
-    default_hub_id: str | None = None
-    default_hub_config: str | None = None
+    dev_salt = "selfcest-qa-dev"
 
-    def __init__(
-        self,
-        *,
-        path: PathSpec | None = None,
-        hub_id: str | None = None,
-        hub_config: str | None = None,
-        revision: str | None = None,
-        split_map: Mapping[str, str] | None = None,
-        dev_fraction: float = 0.1,
-        file_split: str = "test",
-        limit: int | None = None,
-        cache_dir: str | None = None,
-        token_counter: Any | None = None,
-    ) -> None:
-        if path is not None and hub_id is not None:
+    def __init__(self, *, token_counter: Any | None = None, **kwargs: Any) -> None:
+        if kwargs.get("path") is not None and kwargs.get("hub_id") is not None:
             raise ValueError("give path= or hub_id=, not both")
-        if not 0.0 <= dev_fraction < 1.0:
-            raise ValueError(f"dev_fraction must be in [0, 1), got {dev_fraction}")
-        if limit is not None and limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
-        self.split_map = dict(split_map or {})
-        bad = sorted(set(self.split_map) - set(SPLITS))
-        if bad:
-            raise ValueError(f"split_map keys must be among {SPLITS}, got {bad}")
-        self.path = path
-        self.hub_id = hub_id
-        self.hub_config = hub_config
-        self.revision = revision
-        self.dev_fraction = dev_fraction
-        self.file_split = check_split(file_split)
-        self.limit = limit
-        self.cache_dir = cache_dir
+        super().__init__(**kwargs)
+        self.file_split = check_split(self.file_split)
         if token_counter is None:
             from selfcest_env.tokens import OfflineTokenCounter
 
             token_counter = OfflineTokenCounter()
         self.token_counter = token_counter
-        self._splits: dict[str, list[TaskInstance]] | None = None
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -302,9 +247,20 @@ class QADatasetSource(TaskSource):
         )
         return rows, False
 
+    def assign_rows(self) -> dict[str, TaggedRows]:
+        """The fetched rows assigned to our splits (see the module docstring)."""
+        rows, ours = self.fetch_rows()
+        logger.info(
+            "loaded %s from %s: %s",
+            self.name,
+            self.location(),
+            {k: len(v) for k, v in rows.items()},
+        )
+        return self._assign(rows, ours)
+
     def _assign(
         self, rows: Mapping[str, list[dict[str, Any]]], ours: bool
-    ) -> dict[str, list[tuple[str, int, dict[str, Any]]]]:
+    ) -> dict[str, TaggedRows]:
         mapping: dict[str, str] = {}
         for split in SPLITS:
             if split in self.split_map:
@@ -322,48 +278,15 @@ class QADatasetSource(TaskSource):
                 found = next((n for n in _TEST_CANDIDATES if n in rows and n not in used), None)
                 if found is not None:
                     mapping["test"] = found
-        out = {s: [(n, i, r) for i, r in enumerate(rows[n])] for s, n in mapping.items()}
-        if "dev" not in out and "train" in out and self.dev_fraction > 0:
-            train, dev = [], []
-            for item in out["train"]:
-                u = stable_unit("selfcest-qa-dev", self.name, self.row_key(item[2]))
-                (dev if u < self.dev_fraction else train).append(item)
-            out["train"], out["dev"] = train, dev
-        return out
-
-    def _load(self) -> dict[str, list[TaskInstance]]:
-        if self._splits is None:
-            rows, ours = self.fetch_rows()
-            logger.info(
-                "loaded %s from %s: %s",
-                self.name,
-                self.location(),
-                {k: len(v) for k, v in rows.items()},
-            )
-            splits: dict[str, list[TaskInstance]] = {}
-            for split, items in self._assign(rows, ours).items():
-                out: list[TaskInstance] = []
-                for source_split, source_index, row in items:
-                    if self.limit is not None and len(out) >= self.limit:
-                        break
-                    inst = self.row_to_instance(row, split, len(out), source_split, source_index)
-                    if inst is not None:
-                        out.append(inst)
-                splits[split] = out
-            self._splits = splits
-        return self._splits
+        return self.carve_dev(
+            {s: [(n, i, r) for i, r in enumerate(rows[n])] for s, n in mapping.items()}
+        )
 
     # -- per-dataset hooks ---------------------------------------------------------------------
 
     def row_key(self, row: Mapping[str, Any]) -> str:
         """The row's id (used to carve dev out of train)."""
         return str(_first(row, ("_id", "id", "question"), "id"))
-
-    def row_to_instance(
-        self, row: Mapping[str, Any], split: str, index: int, source_split: str, source_index: int
-    ) -> TaskInstance | None:
-        """Build the instance for one row, or ``None`` to skip it."""
-        raise NotImplementedError
 
     def _instance(
         self,
@@ -412,31 +335,6 @@ class QADatasetSource(TaskSource):
 
     # -- TaskSource ----------------------------------------------------------------------------
 
-    def available_splits(self) -> tuple[str, ...]:
-        """Our splits that the loaded data has (loads the data)."""
-        return tuple(s for s in SPLITS if s in self._load())
-
-    def _split(self, split: str) -> list[TaskInstance]:
-        check_split(split)
-        splits = self._load()
-        if split not in splits:
-            raise ValueError(
-                f"{self.name} data from {self.location()} has no {split!r} split; it has "
-                f"{sorted(splits)}. Pass path={{split: file}} or split_map= to provide it."
-            )
-        return splits[split]
-
-    def size(self, split: str) -> int | None:
-        """Number of instances in ``split``."""
-        return len(self._split(split))
-
-    def get(self, split: str, index: int) -> TaskInstance:
-        """Instance ``index`` of ``split`` (dataset order)."""
-        items = self._split(split)
-        if not 0 <= index < len(items):
-            raise IndexError(f"{self.name} {split} has {len(items)} instances; index {index}")
-        return items[index]
-
     def grade(self, instance: TaskInstance, answer: str) -> Grade:
         """Normalised exact match over the answer and its aliases; token F1 in the details."""
         return grade_qa(answer, instance.answer, instance.aliases)
@@ -453,12 +351,12 @@ def _supporting_indices(paragraphs: Sequence[tuple[str, str]], titles: Iterable[
     return [i for t in wanted for i in by_title.get(t, [])]
 
 
-class TwoWikiMultihopQATask(QADatasetSource):
-    """2WikiMultihopQA (Ho et al., 2020): ``_id``, ``question``, ``answer``, ``type``, ``context``,
-    ``supporting_facts``, ``evidences``; default hub id ``framolfese/2WikiMultihopQA``."""
+class _ContextQASource(QADatasetSource):
+    """A loader whose rows carry ``context`` paragraphs and ``supporting_facts`` titles."""
 
-    name = "2wikimultihopqa"
-    default_hub_id = "framolfese/2WikiMultihopQA"
+    def extra_metadata(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """Dataset-specific metadata added to each instance."""
+        return {}
 
     def row_to_instance(
         self, row: Mapping[str, Any], split: str, index: int, source_split: str, source_index: int
@@ -466,7 +364,7 @@ class TwoWikiMultihopQATask(QADatasetSource):
         """Paragraphs from ``context``; supporting keys from ``supporting_facts``."""
         paragraphs = parse_context(_first(row, ("context",), "context"))
         titles = parse_supporting_titles(row.get("supporting_facts"))
-        evidences = _maybe_json(row.get("evidences")) or []
+        extra = self.extra_metadata(row)
         return self._instance(
             row,
             split,
@@ -475,11 +373,24 @@ class TwoWikiMultihopQATask(QADatasetSource):
             source_index,
             paragraphs=paragraphs,
             supporting=_supporting_indices(paragraphs, titles),
-            extra={"num_evidences": len(evidences)},
+            extra=extra,
         )
 
 
-class HotpotQATask(QADatasetSource):
+class TwoWikiMultihopQATask(_ContextQASource):
+    """2WikiMultihopQA (Ho et al., 2020): ``_id``, ``question``, ``answer``, ``type``, ``context``,
+    ``supporting_facts``, ``evidences``; default hub id ``framolfese/2WikiMultihopQA``."""
+
+    name = "2wikimultihopqa"
+    default_hub_id = "framolfese/2WikiMultihopQA"
+
+    def extra_metadata(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """``num_evidences``: how many evidence triples the row has (they are not exposed)."""
+        evidences = _maybe_json(row.get("evidences")) or []
+        return {"num_evidences": len(evidences)}
+
+
+class HotpotQATask(_ContextQASource):
     """HotpotQA, distractor setting (Yang et al., 2018): ``id``/``_id``, ``question``, ``answer``,
     ``type``, ``level``, ``supporting_facts``, ``context``; default hub id ``hotpotqa/hotpot_qa``
     config ``distractor``."""
@@ -488,22 +399,9 @@ class HotpotQATask(QADatasetSource):
     default_hub_id = "hotpotqa/hotpot_qa"
     default_hub_config = "distractor"
 
-    def row_to_instance(
-        self, row: Mapping[str, Any], split: str, index: int, source_split: str, source_index: int
-    ) -> TaskInstance | None:
-        """Paragraphs from ``context``; supporting keys from ``supporting_facts``."""
-        paragraphs = parse_context(_first(row, ("context",), "context"))
-        titles = parse_supporting_titles(row.get("supporting_facts"))
-        return self._instance(
-            row,
-            split,
-            index,
-            source_split,
-            source_index,
-            paragraphs=paragraphs,
-            supporting=_supporting_indices(paragraphs, titles),
-            extra={"level": str(row.get("level") or "")},
-        )
+    def extra_metadata(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """``level``: the row's difficulty level."""
+        return {"level": str(row.get("level") or "")}
 
 
 class MuSiQueTask(QADatasetSource):

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..base import ContextItem, Grade, TaskInstance, TaskSource, check_split
-from ._util import stable_hash64, stable_unit
+from ..hashing import stable_hash64, stable_unit
 from .metrics import grade_qa, normalize_answer
 
 logger = logging.getLogger(__name__)
@@ -294,6 +294,14 @@ def _word(rng: random.Random, syllables: int) -> str:
     if syllables == 1:
         return rng.choice(_SYLLABLES).capitalize()
     return "".join(rng.choice(_SYLLABLES) for _ in range(syllables)).capitalize()
+
+
+def _either(rng: random.Random, first: list[str], second: list[str]) -> list[str]:
+    """``first`` or ``second``, each with probability 1/2 (one draw of ``rng``).
+
+    Both renderings are formatted before the draw, so they must not draw from ``rng`` themselves.
+    """
+    return first if rng.random() < 0.5 else second
 
 
 def _name_split(name: str) -> str:
@@ -579,31 +587,36 @@ class _World:
             child = "daughter" if a["gender"] == "f" else "son"
             occ = a["occupation"]
             art = "an" if occ[0] in "aeiou" else "a"
-            if rng.random() < 0.5:
-                s.append(f"{n} (born {a['birth_year']}) is {art} {occ}.")
-            else:
-                s.append(f"{n} is {art} {occ} who was born in the year {a['birth_year']}.")
-            if rng.random() < 0.5:
-                s.append(f"{he} was born in {a['birthplace']}.")
-            else:
-                s.append(f"{his} birthplace is {a['birthplace']}.")
-            if rng.random() < 0.5:
-                s.append(f"{his} mother is {a['mother']}.")
-                s.append(f"{his} father is {a['father']}.")
-            else:
-                s.append(f"{he} is the {child} of {a['father']} and his wife {a['mother']}.")
+            s += _either(
+                rng,
+                [f"{n} (born {a['birth_year']}) is {art} {occ}."],
+                [f"{n} is {art} {occ} who was born in the year {a['birth_year']}."],
+            )
+            s += _either(
+                rng,
+                [f"{he} was born in {a['birthplace']}."],
+                [f"{his} birthplace is {a['birthplace']}."],
+            )
+            s += _either(
+                rng,
+                [f"{his} mother is {a['mother']}.", f"{his} father is {a['father']}."],
+                [f"{he} is the {child} of {a['father']} and his wife {a['mother']}."],
+            )
             cities = self.by_kind["city"]
             if rng.random() < 0.5 and cities:
                 s.append(f"{he} spent most of {his.lower()} career in {rng.choice(cities)}.")
             if rng.random() < 0.4:
                 s.append(f"{his} work has been the subject of several exhibitions and essays.")
         elif e.kind == "film":
-            if rng.random() < 0.5:
-                s.append(f"{n} is a {a['year']} {a['genre']} film directed by {a['director']}.")
-            else:
-                art = "an" if a["genre"][0] in "aeiou" else "a"
-                s.append(f"{n} is {art} {a['genre']} film released in {a['year']}.")
-                s.append(f"It was directed by {a['director']}.")
+            art = "an" if a["genre"][0] in "aeiou" else "a"
+            s += _either(
+                rng,
+                [f"{n} is a {a['year']} {a['genre']} film directed by {a['director']}."],
+                [
+                    f"{n} is {art} {a['genre']} film released in {a['year']}.",
+                    f"It was directed by {a['director']}.",
+                ],
+            )
             s.append(
                 f"{'It' if rng.random() < 0.5 else 'The film'} was produced by {a['producer']}."
             )
@@ -621,10 +634,11 @@ class _World:
                 adj = rng.choice(_CITY_ADJ)
                 art = "an" if adj[0] in "aeiou" else "a"
                 s.append(f"{n} is {art} {adj} town located in {a['country']}.")
-            if rng.random() < 0.5:
-                s.append(f"It has a population of {a['population']:,}.")
-            else:
-                s.append(f"About {a['population']:,} people live there.")
+            s += _either(
+                rng,
+                [f"It has a population of {a['population']:,}."],
+                [f"About {a['population']:,} people live there."],
+            )
             if rng.random() < 0.5:
                 s.append(f"It lies on the river {_word(rng, 2)}.")
             if rng.random() < 0.4:
@@ -632,24 +646,22 @@ class _World:
                     f"The town is known for its {rng.choice(['markets', 'bridges', 'festivals'])}."
                 )
         elif e.kind == "country":
-            if rng.random() < 0.5:
-                s.append(f"{n} is a country in {a['region']}.")
-                s.append(f"Its capital is {a['capital']}.")
-            else:
-                s.append(f"{n} is a nation in {a['region']}, with {a['capital']} as its capital.")
+            s += _either(
+                rng,
+                [f"{n} is a country in {a['region']}.", f"Its capital is {a['capital']}."],
+                [f"{n} is a nation in {a['region']}, with {a['capital']} as its capital."],
+            )
             if rng.random() < 0.5:
                 s.append(f"Its official language is {_word(rng, 2)}ish.")
         else:
-            if rng.random() < 0.5:
-                s.append(
-                    f"{n} is a {a['industry']} company founded in {a['founded']} by {a['founder']}."
-                )
-            else:
-                s.append(f"{n} was established by {a['founder']} in {a['founded']}.")
-            if rng.random() < 0.5:
-                s.append(f"It is headquartered in {a['hq']}.")
-            else:
-                s.append(f"Its headquarters are in {a['hq']}.")
+            s += _either(
+                rng,
+                [f"{n} is a {a['industry']} company founded in {a['founded']} by {a['founder']}."],
+                [f"{n} was established by {a['founder']} in {a['founded']}."],
+            )
+            s += _either(
+                rng, [f"It is headquartered in {a['hq']}."], [f"Its headquarters are in {a['hq']}."]
+            )
             if rng.random() < 0.5:
                 s.append(f"The company employs about {rng.randint(20, 9000):,} people.")
         return " ".join(s)
@@ -1029,8 +1041,21 @@ def _resolve(np: str, facts: Mapping[str, Mapping[str, str]]) -> str | None:
                 return None
             inner = facts.get(inner, {}).get(rel)
         return inner
-    for rel, pattern in _NP_REGEX:
-        m = pattern.fullmatch(np)
+    return _relation_of(_NP_REGEX, np, facts)
+
+
+def _relation_of(
+    patterns: Sequence[tuple[str, re.Pattern[str]]],
+    text: str,
+    facts: Mapping[str, Mapping[str, str]],
+) -> str | None:
+    """The value of ``rel`` for the first ``(rel, pattern)`` that fully matches ``text``.
+
+    The pattern's ``x`` group is resolved to an entity (:func:`_resolve`) that must state
+    ``rel``; patterns whose entity does not are skipped. ``None`` when no pattern gives a value.
+    """
+    for rel, pattern in patterns:
+        m = pattern.fullmatch(text)
         if m:
             inner = _resolve(m["x"], facts)
             if inner is not None and rel in facts.get(inner, {}):
@@ -1061,12 +1086,9 @@ def solve(question: str, paragraphs: Mapping[str, str]) -> str | None:
             values.append(int(raw.replace(",", "")))
         pick = max if m["which"] in (spec.words[1], "larger") else min
         return names[pick(range(len(names)), key=values.__getitem__)]
-    for rel, pattern in _Q_REGEX:
-        m = pattern.fullmatch(question)
-        if m:
-            subject = _resolve(m["x"], facts)
-            if subject is not None and rel in facts.get(subject, {}):
-                return facts[subject][rel]
+    answer = _relation_of(_Q_REGEX, question, facts)
+    if answer is not None:
+        return answer
     m = re.fullmatch(r"Who is (?P<x>.+)\?", question)
     if m:
         return _resolve(m["x"], facts)

@@ -1,4 +1,4 @@
-"""Small deterministic helpers shared by the math sources (stable hashing, seeding)."""
+"""Small deterministic helpers shared by every task source (stable hashing, split assignment)."""
 
 from __future__ import annotations
 
