@@ -17,41 +17,18 @@ import time
 import gymnasium as gym
 
 import selfcest_env  # noqa: F401  (registers the ids)
-from selfcest_env.agents.backends.base import Backend
+from selfcest_env.agents.backends.base import Backend, MeteredBackend
 from selfcest_env.agents.backends.transformers_backend import TransformersBackend
 from selfcest_env.agents.base import SamplingConfig
 from selfcest_env.agents.self_consistency import SelfConsistencyAgent
 from selfcest_env.rollout import episode_specs, run_episodes
 
 
-class TimedBackend(Backend):
-    """Wraps a backend, timing its calls; ``one_at_a_time`` sends each request alone."""
-
-    def __init__(self, inner: Backend, one_at_a_time: bool) -> None:
-        self.inner = inner
-        self.one_at_a_time = one_at_a_time
-        self.name = inner.name
-        self.model_name = inner.model_name
-        self.tokenizer = inner.tokenizer
-        self.seconds = 0.0
-        self.tokens = 0
-
-    def generate(self, requests):
-        start = time.perf_counter()
-        if self.one_at_a_time:
-            results = [self.inner.generate([request])[0] for request in requests]
-        else:
-            results = self.inner.generate(requests)
-        self.seconds += time.perf_counter() - start
-        self.tokens += sum(len(r.token_ids) for r in results)
-        return results
-
-
 def run(
     backend: Backend, clones: int, max_new_tokens: int, one_at_a_time: bool
-) -> tuple[float, TimedBackend]:
+) -> tuple[float, MeteredBackend]:
     """Wall time of one episode with ``clones`` siblings, and the timed backend."""
-    timed = TimedBackend(backend, one_at_a_time)
+    timed = MeteredBackend(backend, one_at_a_time)
     sampling = SamplingConfig(temperature=0.7, max_new_tokens=max_new_tokens, seed=1)
     agent = SelfConsistencyAgent(timed, k=clones, sampling=sampling)
 
@@ -77,12 +54,12 @@ def main() -> None:
     overhead = (batched_s - batched.seconds) / batched_s
     print(f"{args.clones} sibling clones, up to {args.max_new_tokens} new tokens each")
     print(
-        f"batched through the driver: {batched_s:7.2f} s  ({batched.tokens} tokens, "
-        f"{batched.tokens / batched_s:.1f} tokens/s)"
+        f"batched through the driver: {batched_s:7.2f} s  ({batched.returned_tokens} tokens, "
+        f"{batched.returned_tokens / batched_s:.1f} tokens/s)"
     )
     print(
-        f"one at a time:              {sequential_s:7.2f} s  ({timed_seq.tokens} tokens, "
-        f"{timed_seq.tokens / sequential_s:.1f} tokens/s)"
+        f"one at a time:              {sequential_s:7.2f} s  ({timed_seq.returned_tokens} tokens, "
+        f"{timed_seq.returned_tokens / sequential_s:.1f} tokens/s)"
     )
     print(
         f"speed-up: {sequential_s / batched_s:.2f}x   driver overhead: {overhead:.1%} of the "

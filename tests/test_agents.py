@@ -6,7 +6,7 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 
-from selfcest_env.agents.backends.base import Backend
+from selfcest_env.agents.backends.base import MeteredBackend
 from selfcest_env.agents.base import SamplingConfig, clone_answers
 from selfcest_env.agents.clone_controller import CloneControllerAgent
 from selfcest_env.agents.monolithic import MonolithicAgent
@@ -17,24 +17,6 @@ from selfcest_env.agents.tree_of_thoughts import (
     parse_value,
 )
 from selfcest_env.rollout import episode_specs, run_episodes
-
-
-class CountingBackend(Backend):
-    """Passes requests to a real backend and adds up the token ids it returned."""
-
-    def __init__(self, inner: Backend) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.model_name = inner.model_name
-        self.tokenizer = inner.tokenizer
-        self.returned_tokens = 0
-        self.requests = 0
-
-    def generate(self, requests):
-        results = self.inner.generate(requests)
-        self.requests += len(requests)
-        self.returned_tokens += sum(len(r.token_ids) for r in results)
-        return results
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +46,7 @@ ENVS = [
 @pytest.mark.slow
 @pytest.mark.parametrize(("env_id", "env_kwargs"), ENVS)
 def test_every_agent_is_charged_exactly_what_the_backend_returned(backend, env_id, env_kwargs):
-    counting = CountingBackend(backend)
+    counting = MeteredBackend(backend)
     for agent in make_agents(counting):
         before_requests, before_tokens = counting.requests, counting.returned_tokens
 

@@ -20,6 +20,7 @@ One failed request never raises out of :meth:`Backend.generate`: its result has
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -153,3 +154,33 @@ def finalize(
         finish_reason=finish,
         prompt_tokens=prompt_tokens,
     )
+
+
+class MeteredBackend(Backend):
+    """Wraps a backend and meters it: requests, returned token ids and seconds spent inside.
+
+    With ``one_at_a_time=True`` every request of a batch is sent alone (the unbatched baseline
+    of ``benchmarks/batching.py``).
+    """
+
+    def __init__(self, inner: Backend, one_at_a_time: bool = False) -> None:
+        self.inner = inner
+        self.one_at_a_time = one_at_a_time
+        self.name = inner.name
+        self.model_name = inner.model_name
+        self.tokenizer = inner.tokenizer
+        self.requests = 0
+        self.returned_tokens = 0
+        self.seconds = 0.0
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Delegate to the wrapped backend, adding to the meters."""
+        start = time.perf_counter()
+        if self.one_at_a_time:
+            results = [self.inner.generate([request])[0] for request in requests]
+        else:
+            results = self.inner.generate(requests)
+        self.seconds += time.perf_counter() - start
+        self.requests += len(requests)
+        self.returned_tokens += sum(len(r.token_ids) for r in results)
+        return results
