@@ -163,7 +163,14 @@ def test_interrupted_run_resumes_without_duplicates(tmp_path: Path, sig: signal.
         str(tmp_path),
         "--no-progress",
     ]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        # a shell's background jobs inherit SIGINT ignored; a user's Ctrl-C run does not
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 45
         written = 0
