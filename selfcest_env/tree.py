@@ -101,6 +101,7 @@ class Context:
             "depth": self.depth,
             "label": self.label,
             "objective": self.objective,
+            "may_spawn": self.may_spawn,
             "status": self.status,
             "messages": [dict(m) for m in self.messages],
             "turns": [t.to_dict() for t in self.turns],

@@ -78,6 +78,34 @@ class GenerationResult:
         return cls(text="", finish_reason="error", prompt_tokens=prompt_tokens, error=message)
 
 
+def render_chat_text(
+    tokenizer: Any, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
+) -> str:
+    """The prompt text of ``messages``: the tokenizer's chat template with a generation prompt,
+    and ``tools`` passed to the template when there are any.
+
+    Raises:
+        ValueError: the tokenizer has no chat template.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ValueError(f"{name} has no chat template: pass prompt_ids instead of messages")
+    kwargs: dict[str, Any] = {"add_generation_prompt": True, "tokenize": False}
+    if tools:
+        kwargs["tools"] = list(tools)
+    return tokenizer.apply_chat_template(list(messages), **kwargs)
+
+
+def chat_prompt_ids(
+    tokenizer: Any, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
+) -> list[int]:
+    """The prompt token ids of ``messages``: :func:`render_chat_text`, encoded without adding
+    special tokens (the template already wrote them). Every backend renders prompts this way."""
+    return list(
+        tokenizer.encode(render_chat_text(tokenizer, messages, tools), add_special_tokens=False)
+    )
+
+
 class Backend(abc.ABC):
     """A batched text generator. Subclasses set ``name``, ``model_name`` and ``tokenizer``.
 

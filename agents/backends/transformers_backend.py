@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .base import Backend, GenerationRequest, GenerationResult, finalize
+from .base import Backend, GenerationRequest, GenerationResult, chat_prompt_ids, finalize
 
 logger = logging.getLogger(__name__)
 
@@ -299,15 +299,7 @@ class TransformersBackend(Backend):
         """The prompt token ids of ``request`` (chat template with a generation prompt)."""
         if request.prompt_ids is not None:
             return list(request.prompt_ids)
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(
-                f"{self.model_name} has no chat template: pass prompt_ids instead of messages"
-            )
-        kwargs: dict[str, Any] = {"add_generation_prompt": True, "tokenize": False}
-        if request.tools:
-            kwargs["tools"] = request.tools
-        text = self.tokenizer.apply_chat_template(request.messages, **kwargs)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return chat_prompt_ids(self.tokenizer, request.messages or [], request.tools)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Generate for every request, ``batch_size`` at a time, longest prompts together."""

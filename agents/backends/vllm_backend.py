@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import Backend, GenerationRequest, GenerationResult, finalize
+from .base import Backend, GenerationRequest, GenerationResult, chat_prompt_ids, finalize
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +79,7 @@ class VLLMBackend(Backend):
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
         if request.prompt_ids is not None:
             return list(request.prompt_ids)
-        kwargs: dict[str, Any] = {"add_generation_prompt": True, "tokenize": False}
-        if request.tools:
-            kwargs["tools"] = request.tools
-        text = self.tokenizer.apply_chat_template(request.messages, **kwargs)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return chat_prompt_ids(self.tokenizer, request.messages or [], request.tools)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` with special tokens skipped."""

@@ -1,0 +1,1 @@
+"""Training the clone controller: samples from traces, credit assignment, GRPO, the trainer."""

@@ -1,0 +1,290 @@
+"""Training samples from episode traces: token ids, loss masks, old logprobs, rewards and ids.
+
+An episode's trace (``info["trace"]`` at its end, or ``EpisodeResult.trace`` with
+``keep_traces=True``) holds every context's chat messages and, for model-written turns, the
+sampled token ids and their logprobs. :func:`trace_samples` turns it into :class:`Sample` rows in
+one of two forms.
+
+**Per-context form** (``form="context"``, one sample per context with a trainable turn)::
+
+    prompt_ids    = the context's first prompt: its system and user messages rendered exactly as
+                    the backend renders them (chat template, tools when the context had the
+                    spawn_clone tool, generation prompt), see ``chat_prompt_ids``
+    response_ids  = turn 1 ids + connector 2 + turn 2 ids + ... + connector n + turn n ids
+    response_mask = 1 on the ids of trainable turns, 0 on connectors and untrainable turns
+    old_logprobs  = the sampled logprob of each trainable token, 0.0 where the mask is 0
+
+*Connector k* is the text the chat template writes between turn k-1's content and turn k's
+generation prompt (in ChatML: ``<|im_end|>\\n<|im_start|>tool\\n<clone lines><|im_end|>\\n
+<|im_start|>assistant\\n``), tokenized on its own, minus what turn k-1's own ids already spell
+(a sampled end-of-turn token is not repeated). A sample is ``exact`` when, for every turn, the
+ids before that turn's tokens are exactly the ids the backend prompted the model with; that holds
+unless an earlier turn's sampled ids are not the tokenizer's own encoding of their text (the
+sampled ids are kept all the same, since they are what the old logprobs belong to).
+
+**Per-turn form** (``form="turn"``, one sample per trainable turn)::
+
+    prompt_ids    = everything before the turn, rendered as the backend rendered it for that turn
+    response_ids  = the turn's ids; response_mask all 1; old_logprobs the sampled ones
+
+Per-turn samples are always ``exact``; they repeat each context's prefix once per turn.
+
+**Trainable turns.** A turn is trainable when it carries sampled token ids. A turn with empty ids
+is a program turn (an agent's vote or search result, :data:`~selfcest_env.agents.base.PROGRAM_TURN`)
+and a turn without ids came from a text action; neither is trainable, and in the per-context form
+their text is encoded with mask 0. With ``teacher_forcing=True`` (imitation learning of scripted
+traces) turns without sampled ids become targets instead: their text plus the tokenizer's
+end-of-turn token (``eos_token``), mask 1, old logprobs ``nan`` (there is no sampling
+distribution); program turns with empty ids stay untrainable either way.
+
+**Ids.** ``episode`` (unique per rollout) and ``group`` (the task: rollouts of one task share it,
+for GRPO) come from the caller; ``context_id``, ``parent_id`` (-1 for the root), ``root_id``
+(the episode's root context, id 0) and ``depth`` from the trace. ``reward`` is the context's
+reward from the trace (``info["context_rewards"]``), ``root_reward`` its episode root's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from selfcest_env.agents.backends.base import chat_prompt_ids, render_chat_text
+from selfcest_env.prompts import spawn_clone_schema
+
+SampleForm = Literal["context", "turn"]
+
+#: ``parent_id`` of a root context.
+NO_PARENT = -1
+
+
+@dataclass
+class Sample:
+    """One training sequence: ``prompt_ids + response_ids``, trained on ``response_mask == 1``.
+
+    See the module docstring for the layout. ``response_ids``, ``response_mask`` and
+    ``old_logprobs`` have the same length; ``turn`` is ``None`` in the per-context form and the
+    1-based turn index in the per-turn form.
+    """
+
+    episode: int
+    group: int
+    context_id: int
+    parent_id: int
+    root_id: int
+    depth: int
+    turn: int | None
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    old_logprobs: list[float]
+    reward: float
+    root_reward: float
+    exact: bool = True
+
+    @property
+    def is_root(self) -> bool:
+        """Whether the sample belongs to the episode's root context."""
+        return self.parent_id == NO_PARENT
+
+    @property
+    def trainable_tokens(self) -> int:
+        """Number of response tokens the loss is taken on."""
+        return sum(self.response_mask)
+
+    def __post_init__(self) -> None:
+        lengths = {len(self.response_ids), len(self.response_mask), len(self.old_logprobs)}
+        if len(lengths) != 1:
+            raise ValueError(
+                f"response_ids, response_mask and old_logprobs must have one length, got "
+                f"{len(self.response_ids)}, {len(self.response_mask)}, {len(self.old_logprobs)}"
+            )
+
+
+@dataclass
+class _Segment:
+    """One turn's tokens as they enter a sample."""
+
+    ids: list[int]
+    mask: int
+    logprobs: list[float]
+    prompt_ids: list[int]
+    prompt_text: str
+    content: str
+
+
+def trace_samples(
+    trace: Mapping[str, Any],
+    tokenizer: Any,
+    *,
+    form: SampleForm = "context",
+    episode: int = 0,
+    group: int = 0,
+    teacher_forcing: bool = False,
+) -> list[Sample]:
+    """Training samples of one finished episode's trace (see the module docstring).
+
+    Args:
+        trace: ``info["trace"]`` of a finished episode.
+        tokenizer: The policy's Hugging Face tokenizer (with a chat template).
+        form: ``"context"`` (one sample per context) or ``"turn"`` (one per trainable turn).
+        episode: The rollout's id, copied into every sample.
+        group: The task's id (rollouts of one task share it), copied into every sample.
+        teacher_forcing: Train on turns written without sampled ids (imitation).
+
+    Raises:
+        ValueError: unknown ``form``, an unfinished trace (a context without a reward), or a
+            context whose assistant messages do not match its turns.
+    """
+    if form not in ("context", "turn"):
+        raise ValueError(f"form must be 'context' or 'turn', got {form!r}")
+    contexts = trace["contexts"]
+    if not contexts:
+        return []
+    root_reward = _reward_of(contexts[0])
+    samples: list[Sample] = []
+    for context in contexts:
+        segments = _segments(context, tokenizer, teacher_forcing)
+        if not any(segment.mask for segment in segments):
+            continue
+        common = {
+            "episode": episode,
+            "group": group,
+            "context_id": int(context["id"]),
+            "parent_id": NO_PARENT if context["parent"] is None else int(context["parent"]),
+            "root_id": int(contexts[0]["id"]),
+            "depth": int(context["depth"]),
+            "reward": _reward_of(context),
+            "root_reward": root_reward,
+        }
+        if form == "turn":
+            samples.extend(_turn_samples(segments, common))
+        else:
+            samples.append(_context_sample(segments, tokenizer, common))
+    return samples
+
+
+def _reward_of(context: Mapping[str, Any]) -> float:
+    reward = context.get("reward")
+    if reward is None:
+        raise ValueError(
+            f"context {context.get('id')} has no reward: pass the trace of a finished episode "
+            "(info['trace'] once terminated or truncated)"
+        )
+    return float(reward)
+
+
+def _segments(context: Mapping[str, Any], tokenizer: Any, teacher_forcing: bool) -> list[_Segment]:
+    """Each turn's ids, trainability, logprobs, the prompt text it was generated after and its
+    content as the chat messages hold it."""
+    messages = context["messages"]
+    turns = context["turns"]
+    positions = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
+    if len(positions) != len(turns):
+        raise ValueError(
+            f"context {context['id']} has {len(turns)} turns but {len(positions)} assistant "
+            "messages; pass an unmodified trace"
+        )
+    tools = [spawn_clone_schema()] if context.get("may_spawn") else None
+    segments = []
+    for position, turn in zip(positions, turns):
+        prompt = {
+            "prompt_ids": chat_prompt_ids(tokenizer, messages[:position], tools),
+            "prompt_text": render_chat_text(tokenizer, messages[:position], tools),
+            "content": messages[position]["content"],
+        }
+        token_ids = turn.get("token_ids")
+        if token_ids:
+            logprobs = turn.get("logprobs")
+            values = [math.nan] * len(token_ids) if logprobs is None else list(logprobs)
+            segments.append(_Segment(list(token_ids), 1, values, **prompt))
+        elif teacher_forcing and token_ids is None:
+            ids = _encode(tokenizer, prompt["content"] + _end_of_turn(tokenizer))
+            segments.append(_Segment(ids, 1, [math.nan] * len(ids), **prompt))
+        else:
+            ids = _encode(tokenizer, prompt["content"])
+            segments.append(_Segment(ids, 0, [0.0] * len(ids), **prompt))
+    return segments
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _end_of_turn(tokenizer: Any) -> str:
+    eos = getattr(tokenizer, "eos_token", None)
+    if not eos:
+        raise ValueError(
+            "teacher forcing needs the tokenizer's end-of-turn token: set tokenizer.eos_token"
+        )
+    return eos
+
+
+def _turn_samples(segments: Sequence[_Segment], common: dict[str, Any]) -> list[Sample]:
+    samples = []
+    for number, segment in enumerate(segments, start=1):
+        if not segment.mask:
+            continue
+        samples.append(
+            Sample(
+                turn=number,
+                prompt_ids=list(segment.prompt_ids),
+                response_ids=list(segment.ids),
+                response_mask=[1] * len(segment.ids),
+                old_logprobs=list(segment.logprobs),
+                **common,
+            )
+        )
+    return samples
+
+
+def _context_sample(segments: Sequence[_Segment], tokenizer: Any, common: dict[str, Any]) -> Sample:
+    prompt_ids = list(segments[0].prompt_ids)
+    response_ids: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    exact = True
+    previous: _Segment | None = None
+    for segment in segments:
+        if previous is not None:
+            connector = _connector(previous, segment, tokenizer)
+            response_ids += connector
+            mask += [0] * len(connector)
+            logprobs += [0.0] * len(connector)
+        exact = exact and prompt_ids + response_ids == segment.prompt_ids
+        response_ids += segment.ids
+        mask += [segment.mask] * len(segment.ids)
+        logprobs += segment.logprobs
+        previous = segment
+    return Sample(
+        turn=None,
+        prompt_ids=prompt_ids,
+        response_ids=response_ids,
+        response_mask=mask,
+        old_logprobs=logprobs,
+        exact=exact,
+        **common,
+    )
+
+
+def _connector(previous: _Segment, segment: _Segment, tokenizer: Any) -> list[int]:
+    """The ids between ``previous``'s tokens and ``segment``'s tokens (see the module docstring).
+
+    Raises:
+        ValueError: the chat template does not render the earlier prompt, the earlier content
+            and then the rest (it rewrites past turns); use the per-turn form then.
+    """
+    head = previous.prompt_text + previous.content
+    if not segment.prompt_text.startswith(head):
+        raise ValueError(
+            "the chat template rewrites earlier turns (a later prompt does not extend the earlier "
+            "prompt and its answer), so a context cannot be one sequence: use form='turn'"
+        )
+    between = segment.prompt_text[len(head) :]
+    spelled = tokenizer.decode(previous.ids, skip_special_tokens=False)
+    if spelled.startswith(previous.content):
+        tail = spelled[len(previous.content) :]
+        if tail and between.startswith(tail):
+            between = between[len(tail) :]
+    return _encode(tokenizer, between)

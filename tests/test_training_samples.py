@@ -1,0 +1,297 @@
+"""Training samples from traces: layout, loss mask and logprob alignment with the real SmolLM2
+tokenizer, on hand-made traces, scripted traces through the env and real model traces."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import pytest
+
+from selfcest_env.agents.backends.base import Backend
+from selfcest_env.agents.backends.transformers_backend import default_model_dir
+from selfcest_env.agents.base import SamplingConfig, generate_turns
+from selfcest_env.agents.scripted import ScriptedDelegator
+from selfcest_env.agents.training.samples import NO_PARENT, trace_samples
+from selfcest_env.protocol import Spawn, Turn
+from selfcest_env.rollout import episode_specs, run_episodes
+
+SPAWN_TEXT = Spawn(["Calculate the value of 3 * 4."]).to_text()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_dir())
+
+
+def chatml(messages, generation_prompt=True):
+    """SmolLM2's rendering, written out by hand (the expected values of these tests)."""
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return text + ("<|im_start|>assistant\n" if generation_prompt else "")
+
+
+def encode(tokenizer, text):
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def hand_made_trace(tokenizer, first_turn_ends_with_eos=True):
+    """A root that spawns one clone and then answers, plus the clone, tokenized by hand."""
+    eos = [tokenizer.eos_token_id]
+    turn1 = encode(tokenizer, SPAWN_TEXT) + (eos if first_turn_ends_with_eos else [])
+    turn2 = encode(tokenizer, "Answer: 12") + eos
+    clone = encode(tokenizer, "3 * 4 = 12\nAnswer: 12") + eos
+    root_messages = [
+        {"role": "system", "content": "You solve problems."},
+        {"role": "user", "content": "Calculate the value of 3 * 4."},
+        {"role": "assistant", "content": SPAWN_TEXT},
+        {"role": "tool", "content": "turn1_clone1: 12"},
+        {"role": "assistant", "content": "Answer: 12"},
+    ]
+    clone_messages = [
+        {"role": "system", "content": "You are a helper clone."},
+        {"role": "user", "content": "Objective: Calculate the value of 3 * 4."},
+        {"role": "assistant", "content": "3 * 4 = 12\nAnswer: 12"},
+    ]
+
+    def turn(ids, first_logprob):
+        return {"token_ids": ids, "logprobs": [first_logprob - i for i in range(len(ids))]}
+
+    return {
+        "contexts": [
+            {
+                "id": 0,
+                "parent": None,
+                "depth": 0,
+                "may_spawn": True,
+                "messages": root_messages,
+                "turns": [turn(turn1, -0.5), turn(turn2, -0.25)],
+                "reward": 1.0,
+            },
+            {
+                "id": 1,
+                "parent": 0,
+                "depth": 1,
+                "may_spawn": False,
+                "messages": clone_messages,
+                "turns": [turn(clone, -0.125)],
+                "reward": 0.4,
+            },
+        ]
+    }, (turn1, turn2, clone)
+
+
+@pytest.mark.parametrize("first_turn_ends_with_eos", [True, False])
+def test_hand_made_trace_per_context_layout(tokenizer, first_turn_ends_with_eos):
+    trace, (turn1, turn2, clone) = hand_made_trace(tokenizer, first_turn_ends_with_eos)
+    root, child = trace_samples(trace, tokenizer, episode=7, group=3)
+
+    # The root's prompt: the chat template with the spawn_clone tool (SmolLM2's ignores tools).
+    assert root.prompt_ids == encode(tokenizer, chatml(trace["contexts"][0]["messages"][:2]))
+    # A sampled end-of-turn token is not repeated by the connector; a missing one is supplied.
+    connector_text = "\n<|im_start|>tool\nturn1_clone1: 12<|im_end|>\n<|im_start|>assistant\n"
+    if not first_turn_ends_with_eos:
+        connector_text = "<|im_end|>" + connector_text
+    connector = encode(tokenizer, connector_text)
+    assert root.response_ids == turn1 + connector + turn2
+    assert root.response_mask == [1] * len(turn1) + [0] * len(connector) + [1] * len(turn2)
+    assert root.old_logprobs == (
+        [-0.5 - i for i in range(len(turn1))]
+        + [0.0] * len(connector)
+        + [-0.25 - i for i in range(len(turn2))]
+    )
+    assert root.exact and root.turn is None and root.is_root
+    assert (root.episode, root.group, root.context_id, root.parent_id, root.depth) == (
+        7,
+        3,
+        0,
+        NO_PARENT,
+        0,
+    )
+    assert (root.reward, root.root_reward) == (1.0, 1.0)
+    # The whole sequence is what the template renders for the finished conversation.
+    full = chatml(trace["contexts"][0]["messages"], generation_prompt=False)
+    assert tokenizer.decode(root.prompt_ids + root.response_ids) == full.removesuffix("\n")
+
+    assert child.prompt_ids == encode(tokenizer, chatml(trace["contexts"][1]["messages"][:2]))
+    assert child.response_ids == clone and child.response_mask == [1] * len(clone)
+    assert (child.context_id, child.parent_id, child.root_id, child.depth) == (1, 0, 0, 1)
+    assert (child.reward, child.root_reward) == (0.4, 1.0) and not child.is_root
+
+
+def test_hand_made_trace_per_turn_layout(tokenizer):
+    trace, (turn1, turn2, clone) = hand_made_trace(tokenizer)
+    first, second, child = trace_samples(trace, tokenizer, form="turn")
+    messages = trace["contexts"][0]["messages"]
+    assert (first.turn, second.turn, child.turn) == (1, 2, 1)
+    assert first.prompt_ids == encode(tokenizer, chatml(messages[:2]))
+    assert second.prompt_ids == encode(tokenizer, chatml(messages[:4]))
+    assert first.response_ids == turn1 and second.response_ids == turn2
+    assert second.response_mask == [1] * len(turn2)
+    assert second.old_logprobs == [-0.25 - i for i in range(len(turn2))]
+    assert child.response_ids == clone and all(s.exact for s in (first, second, child))
+
+
+def test_program_turns_are_not_trainable(tokenizer):
+    trace, (turn1, turn2, _) = hand_made_trace(tokenizer)
+    root, clone = trace["contexts"]
+    root["turns"][0] = {"token_ids": [], "logprobs": []}  # the root's spawn written by a program
+    clone["turns"][0] = {"token_ids": [], "logprobs": []}
+    (sample,) = trace_samples(trace, tokenizer)
+    assert sample.context_id == 0  # the clone has nothing to train on
+    program = encode(tokenizer, SPAWN_TEXT)
+    assert sample.response_ids[: len(program)] == program
+    assert sample.response_mask[: len(program)] == [0] * len(program)
+    assert sample.response_ids[-len(turn2) :] == turn2 and sample.trainable_tokens == len(turn2)
+    assert [s.turn for s in trace_samples(trace, tokenizer, form="turn")] == [2]
+    # Teacher forcing trains on text turns (ids None), never on program turns (ids empty).
+    assert len(trace_samples(trace, tokenizer, teacher_forcing=True)) == 1
+
+
+def test_bad_traces_and_arguments_are_reported(tokenizer):
+    trace, _ = hand_made_trace(tokenizer)
+    with pytest.raises(ValueError, match="form must be"):
+        trace_samples(trace, tokenizer, form="episode")
+    trace["contexts"][1]["reward"] = None
+    with pytest.raises(ValueError, match="finished episode"):
+        trace_samples(trace, tokenizer)
+    trace["contexts"][1]["reward"] = 0.4
+    trace["contexts"][0]["turns"].pop()
+    with pytest.raises(ValueError, match="2 assistant"):
+        trace_samples(trace, tokenizer)
+
+
+def scripted_trace(tokenizer, index=0):
+    env_kwargs = {"preset": "easy", "tokenizer": tokenizer, "split": "train"}
+    (result,) = run_episodes(
+        lambda: gym.make("SelfCest-Math-v0", **env_kwargs).unwrapped,
+        ScriptedDelegator(parts=2),
+        episode_specs([index]),
+        keep_traces=True,
+        progress=False,
+    )
+    return result.trace
+
+
+def test_teacher_forcing_on_scripted_env_traces(tokenizer):
+    trace = scripted_trace(tokenizer)
+    assert trace_samples(trace, tokenizer) == []  # no sampled ids: nothing trainable
+    samples = trace_samples(trace, tokenizer, teacher_forcing=True, group=5)
+    contexts = trace["contexts"]
+    assert len(contexts) == 3 and [s.context_id for s in samples] == [0, 1, 2]
+    for sample, context in zip(samples, contexts):
+        assert sample.exact and sample.group == 5
+        targets = [i for i, m in zip(sample.response_ids, sample.response_mask) if m]
+        texts = [m["content"] for m in context["messages"] if m["role"] == "assistant"]
+        expected = [i for text in texts for i in encode(tokenizer, text + tokenizer.eos_token)]
+        assert targets == expected
+        assert all(math.isnan(x) for x, m in zip(sample.old_logprobs, sample.response_mask) if m)
+        assert sample.reward == context["reward"]
+    # The root's first target is the spawn_clone call the env rendered and parsed.
+    assert contexts[0]["turns"][0]["children"] == [1, 2]
+    assert "<tool_call>" in tokenizer.decode(samples[0].response_ids)
+
+
+def mask_runs(mask):
+    """``(start, end)`` of every run of 1s in ``mask``."""
+    runs, start = [], None
+    for position, value in enumerate([*mask, 0]):
+        if value and start is None:
+            start = position
+        elif not value and start is not None:
+            runs.append((start, position))
+            start = None
+    return runs
+
+
+class RecordingBackend(Backend):
+    """The real backend, remembering the prompt ids and sampled ids of every request."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.tokenizer = inner.tokenizer
+        self.model_name = inner.model_name
+        self.calls = []
+
+    def generate(self, requests):
+        results = self.inner.generate(requests)
+        for request, result in zip(requests, results):
+            self.calls.append((self.inner.prompt_ids(request), result.token_ids, result.logprobs))
+        return results
+
+
+class SpawnThenModel:
+    """The root's first turn spawns two clones (ids as if sampled); the model writes the rest."""
+
+    name = "spawn-then-model"
+
+    def __init__(self, backend, tokenizer):
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.sampling = SamplingConfig(temperature=1.0, max_new_tokens=20, seed=3)
+
+    def act_batch(self, views):
+        actions = [None] * len(views)
+        model_views = []
+        for position, view in enumerate(views):
+            if view.context_id == 0 and view.info["turn"] == 1:
+                text = Spawn(["Calculate the value of 3 * 4.", "Calculate 5 - 2."]).to_text()
+                ids = encode(self.tokenizer, text) + [self.tokenizer.eos_token_id]
+                actions[position] = Turn(text, token_ids=ids, logprobs=[-1.0] * len(ids))
+            else:
+                model_views.append(position)
+        turns = generate_turns(self.backend, self.sampling, [views[i] for i in model_views])
+        for position, turn in zip(model_views, turns):
+            actions[position] = turn
+        return actions
+
+
+@pytest.mark.slow
+def test_real_model_traces_align_with_what_the_backend_sampled():
+    from selfcest_env.agents.backends.transformers_backend import TransformersBackend
+
+    backend = RecordingBackend(TransformersBackend(num_threads=1))
+    tokenizer = backend.tokenizer
+    results = list(
+        run_episodes(
+            lambda: gym.make("SelfCest-Math-v0", preset="easy", tokenizer=tokenizer).unwrapped,
+            SpawnThenModel(backend, tokenizer),
+            episode_specs(range(2)),
+            keep_traces=True,
+            progress=False,
+        )
+    )
+    sampled = {tuple(ids): (prompt, logprobs) for prompt, ids, logprobs in backend.calls}
+    for result in results:
+        per_turn = trace_samples(result.trace, tokenizer, form="turn", episode=result.episode)
+        model_turns = [s for s in per_turn if s.old_logprobs[0] != -1.0]
+        assert len(model_turns) == 3  # two clones and the root's second turn
+        for sample in model_turns:
+            prompt, logprobs = sampled[tuple(sample.response_ids)]
+            assert sample.prompt_ids == prompt  # exactly what the backend fed the model
+            assert sample.old_logprobs == pytest.approx(logprobs)
+        for sample in trace_samples(result.trace, tokenizer, episode=result.episode):
+            turns = result.trace["contexts"][sample.context_id]["turns"]
+            runs = mask_runs(sample.response_mask)  # one run of 1s per turn (ChatML connectors)
+            assert [sample.response_ids[a:b] for a, b in runs] == [t["token_ids"] for t in turns]
+            assert sample.reward == result.trace["contexts"][sample.context_id]["reward"]
+            for (start, end), turn in zip(runs, turns):
+                assert sample.old_logprobs[start:end] == pytest.approx(turn["logprobs"])
+                if sample.exact and tuple(turn["token_ids"]) in sampled:
+                    prefix = sample.prompt_ids + sample.response_ids[:start]
+                    assert prefix == sampled[tuple(turn["token_ids"])][0]
+        assert sum(s.exact for s in trace_samples(result.trace, tokenizer)) >= 2
+
+
+def test_tools_are_rendered_for_contexts_that_had_the_tool(tokenizer):
+    """A template that renders tools gets them exactly for contexts with ``may_spawn``."""
+    trace, _ = hand_made_trace(tokenizer)
+    tokenizer = type(tokenizer).from_pretrained(default_model_dir())
+    tokenizer.chat_template = (
+        "{% if tools %}TOOLS:{{ tools | map(attribute='function.name') | join(',') }}\n{% endif %}"
+        + tokenizer.chat_template
+    )
+    root, clone = trace_samples(trace, tokenizer)
+    assert tokenizer.decode(root.prompt_ids).startswith("TOOLS:spawn_clone\n")
+    assert not tokenizer.decode(clone.prompt_ids).startswith("TOOLS:")
