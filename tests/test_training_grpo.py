@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from selfcest_env.agents.training.config import LossConfig
 from selfcest_env.agents.training.grpo import (
-    LossConfig,
     collate,
     grpo_loss,
     kl_k3,

@@ -56,7 +56,7 @@ class CreditConfig:
         rule: ``reference``, ``shared`` or ``difference``.
         ratio_clip: Bound of the clone-to-root reward ratio of the reference rule.
         normalize_std: Divide by the group's standard deviation.
-        eps: Added to standard deviations; also the smallest denominator magnitude.
+        eps: Added to standard deviations; the smallest magnitude of a ratio's denominator.
     """
 
     rule: CreditRule = "reference"

@@ -35,43 +35,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
+from selfcest_env.agents.training.config import Aggregation, LossConfig
 from selfcest_env.agents.training.samples import Sample
-
-Aggregation = Literal["token-mean", "sequence-mean"]
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """Constants of the GRPO loss (see the module docstring).
-
-    Attributes:
-        clip_ratio: PPO clip range of the probability ratio.
-        kl_coef: Weight of the KL penalty to the frozen reference; 0 disables it (and the
-            reference forward pass).
-        aggregation: ``token-mean`` or ``sequence-mean``.
-        temperature: The sampling temperature; logprobs are taken of ``logits / temperature``.
-    """
-
-    clip_ratio: float = 0.2
-    kl_coef: float = 0.01
-    aggregation: Aggregation = "token-mean"
-    temperature: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.clip_ratio <= 0:
-            raise ValueError(f"clip_ratio must be > 0, got {self.clip_ratio}")
-        if self.kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
-        if self.aggregation not in ("token-mean", "sequence-mean"):
-            raise ValueError(
-                f"aggregation must be 'token-mean' or 'sequence-mean', got {self.aggregation!r}"
-            )
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
 
 
 @dataclass

@@ -1,0 +1,105 @@
+"""Warm start by imitation: supervised training on scripted delegation played through the env.
+
+:class:`~selfcest_env.agents.scripted.ScriptedDelegator` plays training episodes in the same
+environment the policy is trained in, so the imitation data is exactly what the env renders: the
+root's ``spawn_clone`` call, the clones' prompts and answers, the tool message and the root's
+final answer. Each context becomes a teacher-forced sample
+(:func:`~selfcest_env.agents.training.samples.trace_samples` with ``teacher_forcing=True``) and
+the policy minimises the negative log-likelihood of the scripted turns (prompts and tool
+messages masked out), with AdamW and a learning rate decaying linearly to 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from selfcest_env.agents.scripted import ScriptedDelegator
+from selfcest_env.agents.training.config import ImitationSection
+from selfcest_env.agents.training.grpo import collate, loss_denominator, nll_loss, token_logprobs
+from selfcest_env.agents.training.samples import Sample, trace_samples
+from selfcest_env.rollout import episode_specs, run_episodes
+
+logger = logging.getLogger(__name__)
+
+
+def scripted_traces(
+    make_env: Callable[[], Any], episodes: int, parts: int, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Traces of ``episodes`` training episodes played by ``ScriptedDelegator(parts)``."""
+    results = run_episodes(
+        make_env,
+        ScriptedDelegator(parts=parts),
+        episode_specs(range(episodes), seed),
+        parallel=64,
+        keep_traces=True,
+        progress=False,
+    )
+    return [result.trace for result in results if result.trace is not None]
+
+
+def imitation_samples(traces: Sequence[dict[str, Any]], tokenizer: Any) -> list[Sample]:
+    """Teacher-forced per-context samples of ``traces``."""
+    return [
+        sample
+        for number, trace in enumerate(traces)
+        for sample in trace_samples(
+            trace, tokenizer, episode=number, group=number, teacher_forcing=True
+        )
+    ]
+
+
+def imitate(
+    model: Any,
+    samples: Sequence[Sample],
+    section: ImitationSection,
+    pad_id: int,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[float]:
+    """Train ``model``'s trainable weights on ``samples``; returns the loss of every step.
+
+    One optimiser step per ``section.micro_batch_size`` samples, ``section.epochs`` passes in a
+    seeded random order, loss averaged over the batch's target tokens.
+    """
+    if not samples:
+        raise ValueError("no imitation samples: did the scripted episodes produce any turns?")
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=section.learning_rate, weight_decay=0.0)
+    size = section.micro_batch_size
+    per_epoch = -(-len(samples) // size)
+    total = per_epoch * section.epochs
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / total)
+    device = next(model.parameters()).device
+    order = list(range(len(samples)))
+    rng = random.Random(seed)
+    losses: list[float] = []
+    model.train()
+    bar = tqdm(total=total, desc="imitation", unit="step", disable=not progress)
+    try:
+        for _ in range(section.epochs):
+            rng.shuffle(order)
+            for start in range(0, len(order), size):
+                chunk = [samples[i] for i in order[start : start + size]]
+                batch = collate(chunk, pad_id=pad_id).to(device)
+                loss = nll_loss(
+                    token_logprobs(model, batch), batch, loss_denominator(chunk, "token-mean")
+                )
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+                optimizer.step()
+                schedule.step()
+                losses.append(float(loss.detach()))
+                bar.update(1)
+                bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    finally:
+        bar.close()
+        model.eval()
+    logger.info("imitation: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
+    return losses

@@ -1,0 +1,174 @@
+"""The policy being trained: its model and tokenizer, LoRA or full fine-tuning, the frozen
+reference, checkpoints of its trainable weights and the exported result.
+
+* ``model.name: null`` loads the default SmolLM2-135M-Instruct, a path or hub id loads that
+  model, ``scratch`` builds a small Llama from the ``scratch_*`` settings with a tokenizer trained
+  on the task's text (:mod:`~selfcest_env.agents.training.tokenizer`).
+* ``finetune: lora`` wraps the model with ``peft`` LoRA adapters; the reference is the same
+  model with its adapters disabled (no second copy). ``finetune: full`` trains every weight; the
+  reference is a frozen copy of the weights training started from (after the warm start).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from selfcest_env.agents.training.config import ModelSection
+from selfcest_env.agents.training.grpo import Batch, token_logprobs
+
+logger = logging.getLogger(__name__)
+
+
+def build_scratch_model(section: ModelSection, tokenizer: Any, seed: int) -> Any:
+    """A randomly initialised Llama of the ``scratch_*`` size for ``tokenizer`` (seeded)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if section.scratch_width % section.scratch_heads:
+        raise ValueError(
+            f"model.scratch_width ({section.scratch_width}) must be a multiple of "
+            f"model.scratch_heads ({section.scratch_heads})"
+        )
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=section.scratch_width,
+        intermediate_size=section.scratch_ffn,
+        num_hidden_layers=section.scratch_layers,
+        num_attention_heads=section.scratch_heads,
+        num_key_value_heads=section.scratch_heads,
+        max_position_embeddings=section.scratch_positions,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def add_lora(model: Any, section: ModelSection) -> Any:
+    """``model`` wrapped with trainable LoRA adapters (everything else frozen).
+
+    Raises:
+        ValueError: none of ``lora_targets`` names a module of the model.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    if not set(section.lora_targets) & names:
+        raise ValueError(
+            f"model.lora_targets {list(section.lora_targets)} match no module of the model; "
+            f"its linear layers include {sorted(n for n in names if n.endswith('proj'))}"
+        )
+    config = LoraConfig(
+        r=section.lora_rank,
+        lora_alpha=section.lora_alpha,
+        lora_dropout=section.lora_dropout,
+        target_modules=[t for t in section.lora_targets if t in names],
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+class Policy:
+    """The trained model, its tokenizer and its frozen reference (see the module docstring)."""
+
+    def __init__(self, model: Any, tokenizer: Any, lora: bool) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.lora = lora
+        self._reference: Any = None
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights live."""
+        return next(self.model.parameters()).device
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters the optimiser updates."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def freeze_reference(self) -> None:
+        """Full fine-tuning: keep a frozen copy of the current weights as the KL reference."""
+        if not self.lora:
+            self._reference = copy.deepcopy(self.model).eval()
+            for parameter in self._reference.parameters():
+                parameter.requires_grad_(False)
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
+        """Token logprobs of the frozen reference (see :func:`token_logprobs`)."""
+        if self.lora:
+            with self.model.disable_adapter():
+                return token_logprobs(self.model, batch, temperature)
+        if self._reference is None:
+            raise RuntimeError("call freeze_reference() before asking for reference logprobs")
+        return token_logprobs(self._reference, batch, temperature)
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """The trainable weights by name (what a checkpoint holds)."""
+        return {
+            name: parameter.detach().cpu().clone()
+            for name, parameter in self.model.named_parameters()
+            if parameter.requires_grad
+        }
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Put checkpointed trainable weights back.
+
+        Raises:
+            ValueError: the checkpoint does not hold exactly this policy's trainable weights.
+        """
+        expected = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        if set(state) != expected:
+            raise ValueError(
+                "the checkpoint's weights do not match this policy (was it made with another "
+                "model or finetune setting?)"
+            )
+        self.model.load_state_dict(state, strict=False)
+
+    def export(self, folder: Path) -> None:
+        """Save what inference needs: the LoRA adapter or the whole model, and the tokenizer."""
+        folder.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+
+    def backend(self, batch_size: int) -> Any:
+        """A :class:`TransformersBackend` generating with the live weights."""
+        from selfcest_env.agents.backends.transformers_backend import TransformersBackend
+
+        backend = TransformersBackend(
+            hf_model=self.model, hf_tokenizer=self.tokenizer, batch_size=batch_size
+        )
+        backend.model_name = getattr(self.model.config, "name_or_path", "") or "policy"
+        return backend
+
+
+def load_base_model(section: ModelSection, tokenizer: Any | None, seed: int) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` before fine-tuning wrappers: scratch (needs ``tokenizer``), the
+    default model, or a path / hub id."""
+    from selfcest_env.agents.backends.transformers_backend import load_model, resolve_device
+
+    device = resolve_device(section.device)
+    if section.name == "scratch":
+        if tokenizer is None:
+            raise ValueError("a scratch model needs its trained tokenizer")
+        return build_scratch_model(section, tokenizer, seed).to(device), tokenizer
+    model, loaded = load_model(section.name, device=device, dtype="float32")
+    return model, loaded
+
+
+def make_policy(section: ModelSection, base: Any, tokenizer: Any) -> Policy:
+    """Wrap ``base`` for training as ``section.finetune`` says."""
+    if section.finetune == "lora":
+        return Policy(add_lora(base, section), tokenizer, lora=True)
+    for parameter in base.parameters():
+        parameter.requires_grad_(True)
+    return Policy(base, tokenizer, lora=False)

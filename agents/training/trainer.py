@@ -1,0 +1,566 @@
+"""The GRPO trainer: rollouts through the batched driver, clone-aware credit, clipped updates.
+
+One step:
+
+1. ``rollout.tasks_per_step`` training tasks, ``rollout.group_size`` rollouts each, played by a
+   :class:`~selfcest_env.agents.clone_controller.CloneControllerAgent` whose backend wraps the
+   live policy (:meth:`Policy.backend`): the root and every clone are the same weights, and the
+   driver batches the turns of all episodes in flight;
+2. every trace becomes samples (:mod:`~selfcest_env.agents.training.samples`), every sample an
+   advantage (:mod:`~selfcest_env.agents.training.credit`);
+3. ``optim.updates_per_step`` optimiser steps over them, each accumulating gradients over
+   micro-batches of the GRPO loss (:mod:`~selfcest_env.agents.training.grpo`); root and clone
+   samples share every update.
+
+The run folder (``out``) holds ``config.json``, ``train_log.csv`` (one row per step: reward,
+accuracy, every ledger meter's mean, loss terms, timings), ``eval_log.csv`` (one row per
+evaluation and split: accuracy, reward, meters; phases ``init``, ``imitation``, ``grpo``),
+``tokenizer/`` (scratch models), ``checkpoints/step-NNNNNN/`` (trainable weights, optimiser,
+state) and ``final/`` (the LoRA adapter or the whole model, with the tokenizer). Rerunning with
+the same config resumes from the last checkpoint (logs are cut back to it); ``optim.steps`` may
+be raised to extend a finished run.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from selfcest_env.agents.base import SamplingConfig
+from selfcest_env.agents.clone_controller import CloneControllerAgent
+from selfcest_env.agents.training.config import ConfigError, TrainConfig, resumable_with
+from selfcest_env.agents.training.credit import assign_advantages
+from selfcest_env.agents.training.grpo import collate, grpo_loss, loss_denominator, token_logprobs
+from selfcest_env.agents.training.imitation import imitate, imitation_samples, scripted_traces
+from selfcest_env.agents.training.policy import Policy, load_base_model, make_policy
+from selfcest_env.agents.training.samples import Sample, trace_samples
+from selfcest_env.agents.training.tokenizer import render_conversations, train_chat_tokenizer
+from selfcest_env.budget import METER_NAMES
+from selfcest_env.prompts import PromptConfig
+from selfcest_env.rollout import EpisodeResult, EpisodeSpec, run_episodes
+
+logger = logging.getLogger(__name__)
+
+TRAIN_LOG = "train_log.csv"
+EVAL_LOG = "eval_log.csv"
+CONFIG_FILE = "config.json"
+
+#: Columns of ``train_log.csv`` besides the meter means (``<meter>_mean``).
+TRAIN_COLUMNS: tuple[str, ...] = (
+    "step",
+    "episodes",
+    "reward_mean",
+    "accuracy",
+    "answered",
+    "samples",
+    "root_samples",
+    "trainable_tokens",
+    "sequence_tokens",
+    "advantage_abs_mean",
+    "pg_loss",
+    "kl",
+    "clip_fraction",
+    "grad_norm",
+    "generate_s",
+    "learn_s",
+    "learn_tokens_per_s",
+    "wall_s",
+)
+#: Columns of ``eval_log.csv`` besides the meter means.
+EVAL_COLUMNS: tuple[str, ...] = (
+    "phase",
+    "step",
+    "split",
+    "episodes",
+    "accuracy",
+    "reward_mean",
+    "answered",
+    "wall_s",
+)
+METER_COLUMNS: tuple[str, ...] = tuple(f"{name}_mean" for name in METER_NAMES)
+
+
+def episode_summary(results: Sequence[EpisodeResult]) -> dict[str, float]:
+    """Mean reward, accuracy, share answered and every meter's mean over ``results``."""
+    n = max(1, len(results))
+    summary = {
+        "episodes": float(len(results)),
+        "reward_mean": sum(r.reward for r in results) / n,
+        "accuracy": sum(r.correct for r in results) / n,
+        "answered": sum(r.end_reason == "answered" for r in results) / n,
+    }
+    for name in METER_NAMES:
+        summary[f"{name}_mean"] = sum(r.meters[name] for r in results) / n
+    return summary
+
+
+class CsvLog:
+    """An append-only CSV file with a fixed header, flushed per row, cut back on resume."""
+
+    def __init__(self, path: Path, columns: Sequence[str]) -> None:
+        self.path = path
+        self.columns = list(columns)
+
+    def rows(self) -> list[dict[str, str]]:
+        """Every row written so far."""
+        if not self.path.exists():
+            return []
+        with self.path.open(newline="") as handle:
+            return list(csv.DictReader(handle))
+
+    def append(self, row: dict[str, Any]) -> None:
+        """Write one row (missing columns stay empty)."""
+        new = not self.path.exists()
+        with self.path.open("a", newline="") as handle:
+            writer = csv.DictWriter(handle, self.columns, extrasaction="ignore")
+            if new:
+                writer.writeheader()
+            writer.writerow({k: _cell(v) for k, v in row.items()})
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def truncate_after(self, step: int) -> None:
+        """Drop rows of steps after ``step`` (work lost since the last checkpoint)."""
+        kept = [row for row in self.rows() if int(row["step"]) <= step]
+        with self.path.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, self.columns, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(kept)
+
+
+def _cell(value: Any) -> Any:
+    return f"{value:.6g}" if isinstance(value, float) else value
+
+
+@dataclass
+class StepStats:
+    """What one update did (summed over its micro-batches, then normalised)."""
+
+    pg_loss: float = 0.0
+    kl: float = 0.0
+    clipped_tokens: float = 0.0
+    tokens: float = 0.0
+    grad_norm: float = 0.0
+    sequence_tokens: int = 0
+    updates: int = 0
+
+    def add(self, stats: dict[str, float]) -> None:
+        """Accumulate one micro-batch's loss statistics."""
+        self.pg_loss += stats["pg_loss"]
+        self.kl += stats["kl"]
+        self.clipped_tokens += stats["clipped_tokens"]
+        self.tokens += stats["tokens"]
+
+
+@dataclass
+class TrainResult:
+    """Where a finished run is and what its evaluations said."""
+
+    out: Path
+    steps: int
+    final: Path
+    evaluations: list[dict[str, str]] = field(default_factory=list)
+
+
+class GRPOTrainer:
+    """Trains a clone controller as :class:`TrainConfig` says (see the module docstring)."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config
+        self.out = Path(config.out)
+        self.train_log = CsvLog(self.out / TRAIN_LOG, TRAIN_COLUMNS + METER_COLUMNS)
+        self.eval_log = CsvLog(self.out / EVAL_LOG, EVAL_COLUMNS + METER_COLUMNS)
+        self.policy: Policy | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    # ------------------------------------------------------------------ set-up
+
+    def _check_out_folder(self) -> None:
+        saved_path = self.out / CONFIG_FILE
+        self.out.mkdir(parents=True, exist_ok=True)
+        if saved_path.exists():
+            from selfcest_env.agents.training.config import config_from_dict
+
+            saved = config_from_dict(json.loads(saved_path.read_text()))
+            if not resumable_with(saved, self.config):
+                raise ConfigError(
+                    f"{self.out} holds a run with another config; resume it with the same "
+                    "config (only optim.steps, eval and progress may change) or pick a new out"
+                )
+        saved_path.write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+
+    def make_env_factory(self, split: str, tokenizer: Any, **overrides: Any) -> Callable[[], Any]:
+        """Builds envs of the configured id and arguments on ``split``, counting with
+        ``tokenizer``; ``overrides`` replace env arguments (e.g. ``context_window=None``)."""
+        import gymnasium as gym
+
+        env = self.config.env
+        kwargs = {
+            **env.args,
+            "max_depth": env.max_depth,
+            "prompts": PromptConfig(**env.prompts),
+            "split": split,
+            **overrides,
+        }
+
+        def make_env() -> Any:
+            return gym.make(env.id, tokenizer=tokenizer, **kwargs).unwrapped
+
+        return make_env
+
+    def _tokenizer(self) -> Any | None:
+        """The scratch model's tokenizer (trained once, then loaded), else ``None``."""
+        section = self.config.model
+        if section.name != "scratch":
+            return None
+        from transformers import AutoTokenizer
+
+        folder = self.out / "tokenizer"
+        if (folder / "tokenizer_config.json").exists():
+            return AutoTokenizer.from_pretrained(folder)
+        make_env = self.make_env_factory("train", None, context_window=None)
+        traces = scripted_traces(
+            make_env, section.tokenizer_episodes, self.config.imitation.parts, self.config.seed
+        )
+        tokenizer = train_chat_tokenizer(render_conversations(traces), section.tokenizer_vocab)
+        tokenizer.save_pretrained(folder)
+        logger.info("trained a %d-token tokenizer into %s", len(tokenizer), folder)
+        return tokenizer
+
+    def _set_threads(self) -> None:
+        from selfcest_env.agents.backends.transformers_backend import (
+            default_cpu_threads,
+            resolve_device,
+        )
+
+        if resolve_device(self.config.model.device) == "cpu":
+            torch.set_num_threads(self.config.model.num_threads or default_cpu_threads())
+
+    def _build(self) -> Policy:
+        section = self.config.model
+        try:
+            base, tokenizer = load_base_model(section, self._tokenizer(), self.config.seed)
+            policy = make_policy(section, base, tokenizer)
+        except ValueError as error:
+            raise ConfigError(str(error)) from error
+        self.optimizer = torch.optim.AdamW(
+            policy.trainable_parameters(),
+            lr=self.config.optim.learning_rate,
+            weight_decay=self.config.optim.weight_decay,
+        )
+        return policy
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _checkpoints(self) -> list[Path]:
+        folder = self.out / "checkpoints"
+        if not folder.exists():
+            return []
+        return sorted(p for p in folder.iterdir() if p.name.startswith("step-"))
+
+    def _save_checkpoint(self, step: int) -> None:
+        from safetensors.torch import save_file
+
+        assert self.policy is not None and self.optimizer is not None
+        folder = self.out / "checkpoints"
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".tmp-step-{step:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_file(self.policy.trainable_state(), str(tmp / "weights.safetensors"))
+        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(json.dumps({"step": step}))
+        target = folder / f"step-{step:06d}"
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+        for old in self._checkpoints()[: -self.config.keep_checkpoints]:
+            if old.name != "step-000000":  # the start of GRPO is the full-FT reference
+                shutil.rmtree(old)
+
+    def _load_checkpoint(self, folder: Path) -> int:
+        from safetensors.torch import load_file
+
+        assert self.policy is not None and self.optimizer is not None
+        self.policy.load_trainable_state(load_file(str(folder / "weights.safetensors")))
+        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+        return int(json.loads((folder / "state.json").read_text())["step"])
+
+    def _load_reference(self) -> None:
+        """Full fine-tuning: the reference is the start of GRPO (checkpoint ``step-000000``)."""
+        from safetensors.torch import load_file
+
+        assert self.policy is not None
+        if self.policy.lora:
+            return
+        current = self.policy.trainable_state()
+        start = self.out / "checkpoints" / "step-000000" / "weights.safetensors"
+        self.policy.load_trainable_state(load_file(str(start)))
+        self.policy.freeze_reference()
+        self.policy.load_trainable_state(current)
+
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluate(self, phase: str, step: int) -> list[dict[str, Any]]:
+        """Play ``eval.episodes`` episodes of each eval split with the current policy; log and
+        return one row per split."""
+        assert self.policy is not None
+        section = self.config.eval
+        rows = []
+        for split in section.splits:
+            start = time.perf_counter()
+            sampling = SamplingConfig(
+                temperature=section.temperature,
+                max_new_tokens=self.config.rollout.max_new_tokens,
+                seed=self.config.seed,
+            )
+            specs = [
+                EpisodeSpec(i, self.config.seed + i, {"index": i}) for i in range(section.episodes)
+            ]
+            results = self._play(split, sampling, specs)
+            row = {"phase": phase, "step": step, "split": split, **episode_summary(results)}
+            row["wall_s"] = time.perf_counter() - start
+            self.eval_log.append(row)
+            rows.append(row)
+            logger.info(
+                "eval %s step %d %s: accuracy %.3f reward %.3f",
+                phase,
+                step,
+                split,
+                row["accuracy"],
+                row["reward_mean"],
+            )
+        return rows
+
+    def _play(
+        self, split: str, sampling: SamplingConfig, specs: Sequence[EpisodeSpec]
+    ) -> list[EpisodeResult]:
+        assert self.policy is not None
+        self.policy.model.eval()
+        backend = self.policy.backend(self.config.rollout.batch_size)
+        agent = CloneControllerAgent(backend, sampling, max_depth=self.config.env.max_depth)
+        make_env = self.make_env_factory(split, self.policy.tokenizer)
+        return list(
+            run_episodes(
+                make_env,
+                agent,
+                specs,
+                parallel=self.config.rollout.parallel,
+                keep_traces=True,
+                progress=False,
+            )
+        )
+
+    # ------------------------------------------------------------------ one GRPO step
+
+    def _step_specs(self, step: int) -> list[EpisodeSpec]:
+        rollout = self.config.rollout
+        specs = []
+        for task in range(rollout.tasks_per_step):
+            index = (step - 1) * rollout.tasks_per_step + task
+            for k in range(rollout.group_size):
+                episode = task * rollout.group_size + k
+                specs.append(
+                    EpisodeSpec(episode, self.config.seed * 1_000_003 + index, {"index": index})
+                )
+        return specs
+
+    def _samples(
+        self, results: Sequence[EpisodeResult]
+    ) -> tuple[list[Sample], dict[int, float], dict[int, int]]:
+        assert self.policy is not None
+        size = self.config.rollout.group_size
+        samples: list[Sample] = []
+        for result in results:
+            assert result.trace is not None
+            samples += trace_samples(
+                result.trace,
+                self.policy.tokenizer,
+                form=self.config.rollout.form,
+                episode=result.episode,
+                group=result.episode // size,
+            )
+        rewards = {r.episode: r.reward for r in results}
+        groups = {r.episode: r.episode // size for r in results}
+        return samples, rewards, groups
+
+    def _update(
+        self, samples: Sequence[Sample], advantages: Sequence[float], step: int
+    ) -> StepStats:
+        assert self.policy is not None and self.optimizer is not None
+        config = self.config
+        pairs = list(zip(samples, advantages))
+        if config.optim.skip_zero_advantage:
+            pairs = [(s, a) for s, a in pairs if a != 0.0]
+        stats = StepStats()
+        if not pairs:
+            return stats
+        random.Random(config.seed * 7919 + step).shuffle(pairs)
+        chunks = [
+            pairs[i :: config.optim.updates_per_step] for i in range(config.optim.updates_per_step)
+        ]
+        model = self.policy.model
+        model.train()
+        temperature = config.rollout.temperature
+        pad_id = self.policy.tokenizer.pad_token_id or 0
+        for chunk in (c for c in chunks if c):
+            chunk.sort(key=lambda pair: len(pair[0].prompt_ids) + len(pair[0].response_ids))
+            denominator = loss_denominator([s for s, _ in chunk], config.loss.aggregation)
+            self.optimizer.zero_grad()
+            size = config.optim.micro_batch_size
+            for start in range(0, len(chunk), size):
+                micro = chunk[start : start + size]
+                batch = collate([s for s, _ in micro], [a for _, a in micro], pad_id)
+                batch = batch.to(self.policy.device)
+                stats.sequence_tokens += int(batch.attention_mask.sum())
+                reference = (
+                    self.policy.reference_logprobs(batch, temperature)
+                    if config.loss.kl_coef > 0
+                    else None
+                )
+                logprobs = token_logprobs(model, batch, temperature)
+                loss, micro_stats = grpo_loss(logprobs, batch, config.loss, denominator, reference)
+                loss.backward()
+                stats.add(micro_stats)
+            parameters = self.policy.trainable_parameters()
+            norm = torch.nn.utils.clip_grad_norm_(
+                parameters,
+                config.optim.max_grad_norm if config.optim.max_grad_norm > 0 else math.inf,
+            )
+            stats.grad_norm += float(norm)
+            stats.updates += 1
+            self.optimizer.step()
+        model.eval()
+        return stats
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        """Roll out, assign credit and update once; returns the step's log row."""
+        config = self.config
+        start = time.perf_counter()
+        sampling = SamplingConfig(
+            temperature=config.rollout.temperature,
+            max_new_tokens=config.rollout.max_new_tokens,
+            seed=config.seed * 1_000_003 + step,
+        )
+        results = self._play("train", sampling, self._step_specs(step))
+        generated = time.perf_counter()
+        samples, rewards, groups = self._samples(results)
+        advantages = assign_advantages(samples, config.credit, rewards, groups)
+        stats = self._update(samples, advantages, step)
+        learned = time.perf_counter()
+        trained = [a for a in advantages if not (config.optim.skip_zero_advantage and a == 0.0)]
+        row = {
+            "step": step,
+            **episode_summary(results),
+            "samples": len(trained),
+            "root_samples": sum(
+                s.is_root
+                for s, a in zip(samples, advantages)
+                if not (config.optim.skip_zero_advantage and a == 0.0)
+            ),
+            "trainable_tokens": stats.tokens,
+            "sequence_tokens": stats.sequence_tokens,
+            "advantage_abs_mean": sum(abs(a) for a in trained) / max(1, len(trained)),
+            "pg_loss": stats.pg_loss,
+            "kl": stats.kl / max(1, stats.updates),
+            "clip_fraction": stats.clipped_tokens / max(1.0, stats.tokens),
+            "grad_norm": stats.grad_norm / max(1, stats.updates),
+            "generate_s": generated - start,
+            "learn_s": learned - generated,
+            "learn_tokens_per_s": stats.sequence_tokens / max(1e-9, learned - generated),
+            "wall_s": learned - start,
+        }
+        self.train_log.append(row)
+        return row
+
+    # ------------------------------------------------------------------ the whole run
+
+    def _warm_start(self) -> None:
+        """Evaluate the untrained policy, imitate (if configured), evaluate again, and save the
+        start of GRPO as checkpoint 0."""
+        assert self.policy is not None
+        config = self.config
+        self.evaluate("init", 0)
+        if config.imitation.episodes > 0:
+            make_env = self.make_env_factory("train", self.policy.tokenizer)
+            traces = scripted_traces(
+                make_env, config.imitation.episodes, config.imitation.parts, config.seed
+            )
+            samples = imitation_samples(traces, self.policy.tokenizer)
+            imitate(
+                self.policy.model,
+                samples,
+                config.imitation,
+                self.policy.tokenizer.pad_token_id or 0,
+                config.seed,
+                config.progress,
+            )
+            self.evaluate("imitation", 0)
+        self._save_checkpoint(0)
+
+    def run(self) -> TrainResult:
+        """Train (or resume) to ``optim.steps`` steps, evaluate, export ``final/``."""
+        config = self.config
+        self._check_out_folder()
+        self._set_threads()
+        torch.manual_seed(config.seed)
+        self.policy = self._build()
+        checkpoints = self._checkpoints()
+        if checkpoints:
+            done = self._load_checkpoint(checkpoints[-1])
+            logger.info("resuming %s from step %d", self.out, done)
+        else:
+            self.eval_log.truncate_after(-1)
+            self.train_log.truncate_after(-1)
+            self._warm_start()
+            done = 0
+        self.train_log.truncate_after(done)
+        self.eval_log.truncate_after(done)
+        self._load_reference()
+        bar = tqdm(
+            total=config.optim.steps,
+            initial=done,
+            desc="grpo",
+            unit="step",
+            disable=not config.progress,
+        )
+        try:
+            for step in range(done + 1, config.optim.steps + 1):
+                row = self.train_step(step)
+                bar.update(1)
+                bar.set_postfix(
+                    reward=f"{row['reward_mean']:.3f}",
+                    acc=f"{row['accuracy']:.2f}",
+                    kl=f"{row['kl']:.4f}",
+                )
+                if step % config.eval.every == 0 or step == config.optim.steps:
+                    self.evaluate("grpo", step)
+                if step % config.checkpoint_every == 0 or step == config.optim.steps:
+                    self._save_checkpoint(step)
+        finally:
+            bar.close()
+        final = self.out / "final"
+        self.policy.export(final)
+        return TrainResult(self.out, config.optim.steps, final, self.eval_log.rows())
+
+
+def train(config: TrainConfig) -> TrainResult:
+    """Run :class:`GRPOTrainer` on ``config`` (the ``selfcest train`` entry point)."""
+    return GRPOTrainer(config).run()
+
+
+def with_out(config: TrainConfig, out: str | None) -> TrainConfig:
+    """``config`` with its run folder replaced when ``out`` is given."""
+    return config if out is None else replace(config, out=out)

@@ -1,0 +1,224 @@
+"""The training config, the ``selfcest train`` command and the trainer end to end (tiny runs)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import fields, is_dataclass
+
+import pytest
+
+from selfcest_env.agents.training.config import (
+    ConfigError,
+    TrainConfig,
+    config_from_dict,
+    load_config,
+    recipe_names,
+)
+from selfcest_env.agents.training.trainer import EVAL_LOG, TRAIN_LOG, GRPOTrainer
+from selfcest_env.budget import METER_NAMES
+from selfcest_env.cli import main
+
+
+def test_every_recipe_loads():
+    assert {"laptop", "smollm2"} <= set(recipe_names())
+    for name in recipe_names():
+        assert isinstance(load_config(recipe=name), TrainConfig)
+    laptop = load_config(recipe="laptop")
+    assert laptop.model.name == "scratch" and laptop.imitation.episodes > 0
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"optim": {"stepz": 3}}, "unknown key 'stepz' in optim"),
+        ({"optim": {"steps": "ten"}}, "optim.steps must be int"),
+        ({"optim": {"steps": 0}}, "optim.steps must be >= 1"),
+        ({"credit": {"rule": "coma"}}, "credit.rule must be one of"),
+        ({"rollout": {"group_size": 1}}, "group_size must be >= 2"),
+        ({"model": {"name": "scratch"}}, "finetune: full"),
+        ({"eval": {"splits": ["val"]}}, "unknown split 'val'"),
+        ({"loss": []}, "loss must be a mapping"),
+    ],
+)
+def test_bad_configs_name_the_key(data, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(data)
+
+
+def test_overrides_and_files(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("optim:\n  steps: 7\neval:\n  splits: [dev]\n")
+    config = load_config(path, overrides=["optim.learning_rate=0.5", "eval.splits=[test]"])
+    assert config.optim.steps == 7 and config.optim.learning_rate == 0.5
+    assert config.eval.splits == ("test",)
+    assert config_from_dict(config.to_dict()) == config
+    with pytest.raises(ConfigError, match="not both"):
+        load_config(path, recipe="laptop")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    (tmp_path / "bad.json").write_text("{nope")
+    with pytest.raises(ConfigError, match="cannot parse"):
+        load_config(tmp_path / "bad.json")
+
+
+def config_keys(instance=None, prefix=""):
+    instance = TrainConfig() if instance is None else instance
+    for item in fields(instance):
+        value = getattr(instance, item.name)
+        if is_dataclass(value):
+            yield from config_keys(value, f"{item.name}.")
+        else:
+            yield prefix + item.name
+
+
+def test_train_help_explains_every_config_key(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--config", "--recipe", "--out", "--set", "--no-progress"):
+        assert option in text
+    for key in config_keys():
+        assert f"  {key} (default " in text, key
+
+
+def test_train_bad_config_is_one_error_line(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text("optim: {steps: -1}\n")
+    assert main(["train", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "optim.steps must be >= 1" in err
+    assert main(["train", "--recipe", "nope"]) == 2
+    assert "unknown recipe 'nope'; recipes: " in capsys.readouterr().err
+
+
+def tiny_config(out, steps=2, **changes):
+    """A scratch model small enough to train in seconds on arithmetic with delegation."""
+    data = {
+        "out": str(out),
+        "progress": False,
+        "checkpoint_every": 1,
+        "model": {
+            "name": "scratch",
+            "finetune": "full",
+            "scratch_layers": 1,
+            "scratch_width": 32,
+            "scratch_heads": 2,
+            "scratch_ffn": 64,
+            "scratch_positions": 128,
+            "tokenizer_vocab": 300,
+            "tokenizer_episodes": 40,
+            "num_threads": 1,
+        },
+        "env": {
+            "args": {
+                "min_operators": 3,
+                "max_operators": 4,
+                "min_operand_digits": 1,
+                "max_operand_digits": 1,
+                "operator_weights": {"+": 1, "-": 1},
+                "paren_probability": 0.0,
+                "spaced": False,
+                "context_window": 120,
+            },
+            "prompts": {"root_system": "Delegate.", "clone_system": "Solve."},
+        },
+        "rollout": {"tasks_per_step": 2, "group_size": 2, "max_new_tokens": 40},
+        "optim": {"steps": steps, "learning_rate": 0.001, "micro_batch_size": 4},
+        "loss": {"kl_coef": 0.05},
+        "imitation": {"episodes": 40, "epochs": 1, "micro_batch_size": 16, "parts": 2},
+        "eval": {"every": 1, "episodes": 4, "splits": ["test"]},
+    }
+    for key, value in changes.items():
+        section, _, leaf = key.partition(".")
+        data[section][leaf] = value
+    return config_from_dict(data)
+
+
+def read_csv(path):
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_trainer_runs_logs_checkpoints_and_resumes(tmp_path):
+    out = tmp_path / "run"
+    result = GRPOTrainer(tiny_config(out)).run()
+    assert (result.final / "model.safetensors").is_file()
+    assert (result.final / "tokenizer.json").is_file() and (out / "tokenizer").is_dir()
+    rows = read_csv(out / TRAIN_LOG)
+    assert [int(r["step"]) for r in rows] == [1, 2]
+    for name in METER_NAMES:
+        assert f"{name}_mean" in rows[0]
+    assert float(rows[0]["episodes"]) == 4 and float(rows[0]["gen_tokens_mean"]) > 0
+    assert float(rows[0]["generate_s"]) > 0
+    evals = read_csv(out / EVAL_LOG)
+    assert [(r["phase"], r["step"]) for r in evals] == [
+        ("init", "0"),
+        ("imitation", "0"),
+        ("grpo", "1"),
+        ("grpo", "2"),
+    ]
+    checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert checkpoints == ["step-000000", "step-000001", "step-000002"]
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["optim"]["steps"] == 2
+
+    # Rerunning with more steps resumes at step 3: nothing before it is played again.
+    GRPOTrainer(tiny_config(out, steps=3)).run()
+    again = read_csv(out / TRAIN_LOG)
+    assert [int(r["step"]) for r in again] == [1, 2, 3]
+    assert again[:2] == rows
+    assert [r["phase"] for r in read_csv(out / EVAL_LOG)].count("init") == 1
+    assert "step-000001" not in {p.name for p in (out / "checkpoints").iterdir()}  # keep 2
+
+    with pytest.raises(ConfigError, match="another config"):
+        GRPOTrainer(tiny_config(out, steps=3, **{"loss.kl_coef": 0.5})).run()
+
+
+def test_a_resumed_step_replays_exactly(tmp_path):
+    """A run cut after step 1 and resumed logs the same step 2 as an uncut run."""
+    whole = tmp_path / "whole"
+    GRPOTrainer(tiny_config(whole, steps=2)).run()
+    cut = tmp_path / "cut"
+    GRPOTrainer(tiny_config(cut, steps=1)).run()
+    GRPOTrainer(tiny_config(cut, steps=2)).run()
+    keys = ("reward_mean", "accuracy", "gen_tokens_mean", "samples", "trainable_tokens")
+    first, second = read_csv(whole / TRAIN_LOG)[1], read_csv(cut / TRAIN_LOG)[1]
+    assert {k: first[k] for k in keys} == {k: second[k] for k in keys}
+
+
+def test_root_and_clone_samples_share_one_update(tmp_path):
+    """Samples of a root and its clones (scripted delegation, teacher-forced ids standing in
+    for sampled ones) go into one optimiser step of the same weights."""
+    import torch
+
+    from selfcest_env.agents.training.credit import assign_advantages
+    from selfcest_env.agents.training.grpo import collate, token_logprobs
+    from selfcest_env.agents.training.imitation import imitation_samples, scripted_traces
+
+    trainer = GRPOTrainer(tiny_config(tmp_path / "run"))
+    trainer._check_out_folder()
+    trainer.policy = trainer._build()
+    trainer.policy.freeze_reference()
+    tokenizer = trainer.policy.tokenizer
+    traces = scripted_traces(trainer.make_env_factory("train", tokenizer), 2, parts=2)
+    samples = imitation_samples(traces, tokenizer)
+    for sample in samples:  # the two rollouts are of one task (group 0), rewards 0 and 1
+        sample.group, sample.root_reward = 0, float(sample.episode)
+        sample.reward = sample.root_reward / 2.5
+        with torch.no_grad():
+            batch = collate([sample])
+            logprobs = token_logprobs(trainer.policy.model, batch)[0]
+        start = len(sample.prompt_ids) - 1
+        sample.old_logprobs = logprobs[start : start + len(sample.response_ids)].tolist()
+    advantages = assign_advantages(samples)
+    assert {s.is_root for s, a in zip(samples, advantages) if a} == {True, False}
+    before = {k: v.clone() for k, v in trainer.policy.trainable_state().items()}
+    stats = trainer._update(samples, advantages, step=1)
+    trained = [s for s, a in zip(samples, advantages) if a]
+    assert stats.updates == 1
+    assert stats.tokens == sum(s.trainable_tokens for s in trained)
+    assert stats.clipped_tokens == 0  # ratio 1: old logprobs are the current policy's
+    after = trainer.policy.trainable_state()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
