@@ -7,19 +7,27 @@ token ids and logprobs, so the ledger charges exactly the sampled tokens. A prog
 an agent (a vote, a search) writes the root's turns as structured actions with no token ids:
 charged zero generated tokens, since no model wrote them, while every clone it starts is a model
 context charged in full.
+
+A backend failure never becomes a turn: :func:`generate_turns` returns an
+:class:`~selfcest_env.rollout.ActionFailure` in the place of every request that failed (an error
+result, or an exception that retrying smaller batches did not get past), and the driver ends
+that episode with ``end_reason="backend_error"``.
 """
 
 from __future__ import annotations
 
 import abc
 import hashlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from selfcest_env.agents.backends.base import Backend, GenerationRequest
+from selfcest_env.agents.backends.base import Backend, GenerationRequest, GenerationResult
 from selfcest_env.protocol import Action, Turn
-from selfcest_env.rollout import ContextView
+from selfcest_env.rollout import ActionFailure, ContextView
+
+logger = logging.getLogger(__name__)
 
 #: Token ids of a turn written by an agent's program rather than by the model.
 PROGRAM_TURN: tuple[int, ...] = ()
@@ -56,8 +64,9 @@ class Agent(abc.ABC):
         return {}
 
     @abc.abstractmethod
-    def act_batch(self, views: Sequence[ContextView]) -> list[Action]:
-        """One action per runnable context, in order."""
+    def act_batch(self, views: Sequence[ContextView]) -> list[Action | ActionFailure]:
+        """One action per runnable context, in order (an :class:`ActionFailure` where the
+        backend failed)."""
 
 
 def turn_seed(base: int, view: ContextView) -> int:
@@ -71,12 +80,13 @@ def generate_turns(
     sampling: SamplingConfig,
     views: Sequence[ContextView],
     messages: Sequence[list[dict[str, Any]]] | None = None,
-) -> list[Turn]:
+) -> list[Turn | ActionFailure]:
     """Model turns for ``views`` in one batched backend call.
 
     ``messages`` overrides each view's chat messages (agents that rewrite the prompt); by
-    default the context's own messages and tools are sent. A failed generation becomes an empty
-    turn (charged nothing), which returns an empty answer.
+    default the context's own messages and tools are sent. Where generation failed the list
+    holds an :class:`~selfcest_env.rollout.ActionFailure` naming the backend and its error
+    (see :func:`generate_isolated` for exceptions).
     """
     requests = []
     for number, view in enumerate(views):
@@ -96,8 +106,55 @@ def generate_turns(
                 tools=view.info["tools"] or None,
             )
         )
-    results = backend.generate(requests) if requests else []
-    return [Turn(r.text, token_ids=r.token_ids, logprobs=r.logprobs) for r in results]
+    return [
+        ActionFailure(f"{backend.name} backend: {result.error or 'generation failed'}")
+        if result.finish_reason == "error"
+        else _turn(result)
+        for result in generate_isolated(backend, requests)
+    ]
+
+
+def _turn(result: GenerationResult) -> Turn:
+    """The turn of a successful result. A backend that knows no token ids (an HTTP server
+    without a local tokenizer) returns none: the env then counts the text with its counter
+    instead of charging zero tokens."""
+    if not result.token_ids:
+        return Turn(result.text)
+    return Turn(result.text, token_ids=result.token_ids, logprobs=result.logprobs)
+
+
+def generate_isolated(
+    backend: Backend, requests: Sequence[GenerationRequest]
+) -> list[GenerationResult]:
+    """``backend.generate(requests)``, with an exception confined to the requests it hit.
+
+    When the call raises (out of memory, a bad request, a crashed server), each half of the
+    batch is retried on its own, down to single requests: a batch too large for the memory left
+    succeeds in smaller pieces, and one bad request fails alone, as an error result. A backend
+    that returns the wrong number of results fails the whole batch.
+    """
+    if not requests:
+        return []
+    try:
+        results = list(backend.generate(requests))
+    except Exception as exc:  # the backend is outside our control; confine what it breaks
+        if len(requests) == 1:
+            logger.warning("%s backend raised %s: %s", backend.name, type(exc).__name__, exc)
+            return [GenerationResult.failed(f"{type(exc).__name__}: {exc}")]
+        middle = len(requests) // 2
+        logger.warning(
+            "%s backend raised %s on a batch of %d; retrying in halves",
+            backend.name,
+            type(exc).__name__,
+            len(requests),
+        )
+        return generate_isolated(backend, requests[:middle]) + generate_isolated(
+            backend, requests[middle:]
+        )
+    if len(results) != len(requests):
+        message = f"returned {len(results)} results for {len(requests)} requests"
+        return [GenerationResult.failed(message) for _ in requests]
+    return results
 
 
 class ModelAgent(Agent):
@@ -111,7 +168,7 @@ class ModelAgent(Agent):
         """Sampling settings and the model's name."""
         return {"model": self.backend.model_name, **vars(self.sampling)}
 
-    def act_batch(self, views: Sequence[ContextView]) -> list[Action]:
+    def act_batch(self, views: Sequence[ContextView]) -> list[Action | ActionFailure]:
         """Generate every view's turn in one backend call."""
         return list(generate_turns(self.backend, self.sampling, views))
 

@@ -31,6 +31,35 @@ from selfcest_env.agents.base import Agent, SamplingConfig
 #: The options every model agent accepts (the fields of ``SamplingConfig``).
 SAMPLING_OPTIONS: tuple[str, ...] = ("temperature", "top_p", "max_new_tokens", "seed")
 
+#: Every numeric option: (``int`` or ``float``, smallest value, largest value or ``None``).
+OPTION_RANGES: dict[str, tuple[type, float, float | None]] = {
+    "temperature": (float, 0.0, None),
+    "top_p": (float, 1e-9, 1.0),
+    "max_new_tokens": (int, 1, None),
+    "seed": (int, 0, None),
+    "max_depth": (int, 0, None),
+    "k": (int, 1, None),
+    "breadth": (int, 1, None),
+    "samples": (int, 1, None),
+    "steps": (int, 1, None),
+    "parts": (int, 1, None),
+}
+
+
+def check_option(agent: str, name: str, value: Any) -> None:
+    """Raise ``ValueError`` when ``value`` is not a valid value of option ``name``.
+
+    The message names the option, the value and what it must be.
+    """
+    if name not in OPTION_RANGES:
+        return
+    kind, low, high = OPTION_RANGES[name]
+    numeric = isinstance(value, int) if kind is int else isinstance(value, (int, float))
+    if isinstance(value, bool) or not numeric or value < low or (high is not None and value > high):
+        what = "an int" if kind is int else "a number"
+        bounds = f">= {low:g}" if high is None else f"in (0, {high:g}]"
+        raise ValueError(f"agent {agent!r}: option {name} must be {what} {bounds}, got {value!r}")
+
 
 @dataclass(frozen=True)
 class AgentInfo:
@@ -127,7 +156,8 @@ def make_agent(name: str, backend: Backend | None = None, **options: Any) -> Age
         **options: Agent options (see the module docstring); unknown ones are an error.
 
     Raises:
-        ValueError: unknown name, unknown option, or a model agent without a backend.
+        ValueError: unknown name, unknown option, an option value of the wrong type or range
+            (:data:`OPTION_RANGES`), or a model agent without a backend.
     """
     info = agent_info(name)
     unknown = sorted(set(options) - set(info.options))
@@ -136,6 +166,8 @@ def make_agent(name: str, backend: Backend | None = None, **options: Any) -> Age
         raise ValueError(f"agent {info.name!r} has no option(s) {unknown}; valid options: {valid}")
     if info.needs_backend and backend is None:
         raise ValueError(f"agent {info.name!r} needs a model backend")
+    for option, value in options.items():
+        check_option(info.name, option, value)
     merged = {**info.defaults, **options}
     sampling_kwargs = {k: merged.pop(k) for k in SAMPLING_OPTIONS if k in merged}
     sampling = SamplingConfig(**sampling_kwargs)

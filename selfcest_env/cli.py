@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from selfcest_env.registration import MATH_ENV_ID, QA_ENV_ID
-from selfcest_env.results import ResultsError, RunFolder, RunSpec
+from selfcest_env.results import ResultsError, RunFolder, RunSpec, read_episodes
 from selfcest_env.suites import DEFAULT_SOURCES, SuiteConfig, SuiteError, describe_suite
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,12 @@ EXIT_INTERRUPTED = 130
 
 class CLIError(Exception):
     """A bad argument or setting: reported as one error line, exit code 2."""
+
+
+def _one_line(text: str, limit: int = 1000) -> str:
+    """``text`` on one line (white space runs collapsed), cut to ``limit`` characters."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,6 +181,40 @@ class BackendConfig:
         return DEFAULT_MODEL_NAME
 
 
+def _check_backend_args(config: BackendConfig) -> None:
+    """Raise :class:`CLIError` naming the valid arguments when ``config.args`` holds one that
+    the backend's constructor does not take (checked without building the backend)."""
+    import inspect
+
+    from selfcest_env.agents.backends import backend_class
+
+    try:
+        parameters = inspect.signature(backend_class(config.name)).parameters
+    except ImportError as exc:
+        raise CLIError(f"backend {config.name!r} is not installed: {exc}") from exc
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    unknown = sorted(set(config.args) - set(parameters))
+    if unknown:
+        raise CLIError(
+            f"unknown backend argument(s) {', '.join(unknown)} for backend {config.name!r}; "
+            f"valid: {', '.join(parameters)}"
+        )
+
+
+#: Env arguments that are set by their own option (the env's source and split, the budget
+#: sweeps) or by the runner (the tokenizer), never through ``--env-arg`` / ``env_args``.
+RESERVED_ENV_ARGS: dict[str, str] = {
+    "source": "--source (suite key: source)",
+    "split": "--split (suite key: split)",
+    "max_new_tokens": "--max-new-tokens (suite key: max_new_tokens)",
+    "gen_budget": "--gen-budget (suite key: gen_budget)",
+    "tokenizer": "the backend (its tokenizer is used)",
+    "config": "individual env arguments",
+    "render_mode": "nothing: runs do not render",
+}
+
+
 @dataclass(frozen=True)
 class RunRequest:
     """One run to play: everything that goes into its :class:`RunSpec`, plus how to play it."""
@@ -203,6 +243,9 @@ class RunOutcome:
     accuracy: float | None
     gen_tokens_mean: float | None
     wall_s: float
+    errored: int = 0
+    last_error: str | None = None
+    gave_up: bool = False
 
 
 class _PendingBackend:
@@ -221,9 +264,14 @@ class _PendingBackend:
 class Runner:
     """Plays :class:`RunRequest` s into run folders, building each backend once, lazily."""
 
-    def __init__(self, out: str | Path, *, progress: bool = True) -> None:
+    def __init__(
+        self, out: str | Path, *, progress: bool = True, max_consecutive_errors: int | None = None
+    ) -> None:
+        """``max_consecutive_errors``: episodes in a row that a backend error may end before a
+        run gives up (the backend is down); ``None``: twice the run's ``parallel``, at least 8."""
         self.out = Path(out)
         self.progress = progress
+        self.max_consecutive_errors = max_consecutive_errors
         self._backends: dict[str, Any] = {}
 
     def close(self) -> None:
@@ -245,8 +293,11 @@ class Runner:
             logger.info("loading backend %s (%s)", config.name, config.model or "default model")
             try:
                 self._backends[key] = make_backend(config.name, **kwargs)
-            except (TypeError, ValueError) as exc:
-                raise CLIError(f"cannot build backend {config.name!r}: {exc}") from exc
+            except (TypeError, ValueError, OSError, ImportError) as exc:
+                raise CLIError(
+                    f"cannot build backend {config.name!r} (model {config.model or 'default'}): "
+                    f"{type(exc).__name__}: {_one_line(str(exc))}"
+                ) from exc
         return self._backends[key]
 
     @staticmethod
@@ -316,39 +367,47 @@ class Runner:
         return make_env
 
     def check(self, request: RunRequest) -> None:
-        """Fail early (:class:`CLIError`) on a bad env argument or too few task instances: build
-        the env once without a tokenizer and reset it on the last episode."""
+        """Fail early (:class:`CLIError`) on a bad env argument, too few task instances or bad
+        backend arguments: build the env once without a tokenizer and reset it on the last
+        episode; match the backend arguments against the backend's constructor."""
+        from selfcest_env.agents.registry import agent_info
+
         agent = self._agent(
             request, _PendingBackend(request.backend.name, request.backend.model_name())
         )
+        if agent_info(request.agent).needs_backend:
+            _check_backend_args(request.backend)
         try:
             env = self.make_env_factory(request, agent, None)()
             try:
                 env.reset(seed=request.seed, options={"index": request.episodes - 1})
             finally:
                 env.close()
-        except Exception as exc:
+        except Exception as exc:  # any failure to build or reset is a configuration error
+            message = str(exc).split(" was raised from the environment creator")[0]
             raise CLIError(
                 f"{request.env} source={request.source} split={request.split} "
-                f"env args {request.env_args}: {type(exc).__name__}: {exc}"
+                f"env args {request.env_args}: {type(exc).__name__}: {_one_line(message)}"
             ) from exc
 
     # playing --------------------------------------------------------------------------------
 
     def run(self, request: RunRequest) -> RunOutcome:
         """Play the episodes of ``request`` that its run folder lacks; write ``stats.json``."""
+        from selfcest_env.agents.registry import agent_info
         from selfcest_env.rollout import episode_specs, run_episodes
 
         spec = self.spec_for(request)
         started = time.perf_counter()
+        backend = None
+        if agent_info(request.agent).needs_backend:
+            done = {e["episode"] for e in read_episodes(self.out / spec.run_id)}
+            if any(i not in done for i in range(request.episodes)):
+                backend = self._backend(request.backend)  # before a bad model makes a folder
         with RunFolder(self.out, spec) as folder:
             missing = folder.missing_episodes(request.episodes)
-            played = 0
+            played, gave_up = 0, False
             if missing:
-                from selfcest_env.agents.registry import agent_info
-
-                needs_backend = agent_info(request.agent).needs_backend
-                backend = self._backend(request.backend) if needs_backend else None
                 agent = self._agent(request, backend)
                 real = self.spec_for(request, agent)
                 if real != spec:
@@ -365,12 +424,14 @@ class Runner:
                     progress=False,
                 )
                 try:
-                    played = self._consume(folder, results, request)
+                    played, gave_up = self._consume(folder, results, request)
                 finally:
+                    results.close()
                     folder.write_stats()
-            elif not folder.stats_path.exists():
+            elif not folder.stats_current():  # a kill can leave it behind the episodes
                 folder.write_stats()
             stats = folder.stats()
+            errors = folder.errors
         gen = stats["meters"]["gen_tokens"]["mean"]
         return RunOutcome(
             folder.path,
@@ -380,10 +441,18 @@ class Runner:
             stats["accuracy"],
             gen,
             time.perf_counter() - started,
+            errored=len(stats["errored_episodes"]),
+            last_error=errors[-1]["error"] if errors else None,
+            gave_up=gave_up,
         )
 
-    def _consume(self, folder: RunFolder, results: Any, request: RunRequest) -> int:
-        """Append every result as it arrives; keep a tqdm line with accuracy, tokens/s, ETA."""
+    def _consume(self, folder: RunFolder, results: Any, request: RunRequest) -> tuple[int, bool]:
+        """Append every result as it arrives (an episode a backend error ended goes to
+        ``errors.jsonl``); keep a tqdm line with accuracy, tokens/s, errors, ETA.
+
+        Returns the episodes recorded and whether the run gave up: too many episodes in a row
+        ended with a backend error (see ``max_consecutive_errors``).
+        """
         from tqdm.auto import tqdm
 
         recorded = folder.episodes
@@ -398,10 +467,27 @@ class Runner:
             disable=not self.progress,
             dynamic_ncols=True,
         )
-        played = tokens = 0
+        played = tokens = errors = in_a_row = 0
+        limit = self.max_consecutive_errors or max(8, 2 * request.parallel)
         started = time.perf_counter()
         try:
             for result in results:
+                if result.error is not None:
+                    folder.append_error(result.to_record())
+                    errors += 1
+                    in_a_row += 1
+                    bar.set_postfix(errors=errors, last_error=result.error[:60])
+                    if in_a_row >= limit:
+                        logger.error(
+                            "giving up on %s after %d episodes in a row ended with a backend "
+                            "error; last: %s",
+                            folder.path.name,
+                            in_a_row,
+                            result.error,
+                        )
+                        return played, True
+                    continue
+                in_a_row = 0
                 folder.append_episode(result.to_record())
                 played += 1
                 done += 1
@@ -413,10 +499,11 @@ class Runner:
                     acc=f"{correct / done:.3f}",
                     left=request.episodes - done,
                     tok_s=f"{tokens / elapsed:.1f}",
+                    errors=errors,
                 )
         finally:
             bar.close()
-        return played
+        return played, False
 
 
 # --------------------------------------------------------------------------------------------
@@ -452,6 +539,12 @@ def requests_from_suite(
             raise CLIError(
                 f"{where}unknown split {entry.split!r}; valid splits: {', '.join(SPLITS)}"
             )
+        for key in entry.env_args:
+            if key in RESERVED_ENV_ARGS:
+                raise CLIError(
+                    f"{where}env arg {key!r} cannot be set here; set it with "
+                    f"{RESERVED_ENV_ARGS[key]}"
+                )
         bad = [a for a in entry.agents if a not in valid_agents]
         if bad:
             raise CLIError(
@@ -492,8 +585,9 @@ def execute(
 ) -> int:
     """Check, then play every request into ``out``; write one summary line per run to stdout.
 
-    ``dry_run``: check only. Returns the exit code (0, or 1 when a run failed with a results
-    error).
+    ``dry_run``: check only. Returns the exit code: 0, or 1 when a run failed with a results
+    error or left episodes that a backend error ended (one stderr line per such run; rerunning
+    the same command plays them again).
     """
     runner = Runner(out, progress=progress)
     failed = 0
@@ -511,6 +605,14 @@ def execute(
                 sys.stderr.write(f"selfcest: run failed: {exc}\n")
                 continue
             _report_run(outcome)
+            if outcome.errored:
+                failed += 1
+                stopped = "; gave up (backend down?)" if outcome.gave_up else ""
+                sys.stderr.write(
+                    f"selfcest: {outcome.path.name}: {outcome.errored} episode(s) ended with a "
+                    f"backend error{stopped}; last: {_one_line(outcome.last_error or '')}; "
+                    "rerun the same command to retry them\n"
+                )
     finally:
         runner.close()
     return 1 if failed else 0
@@ -519,9 +621,13 @@ def execute(
 def _report_run(outcome: RunOutcome) -> None:
     acc = "-" if outcome.accuracy is None else f"{outcome.accuracy:.3f}"
     gen = "-" if outcome.gen_tokens_mean is None else f"{outcome.gen_tokens_mean:.1f}"
-    state = f"played {outcome.played}" if outcome.played else "complete, nothing to play"
+    if outcome.played or outcome.errored:
+        state = f"played {outcome.played}"
+    else:
+        state = "complete, nothing to play"
+    errors = f" errors={outcome.errored}" if outcome.errored else ""
     sys.stdout.write(
-        f"{outcome.path}  n={outcome.n} acc={acc} gen_tokens={gen} "
+        f"{outcome.path}  n={outcome.n} acc={acc} gen_tokens={gen}{errors} "
         f"({state}, {outcome.wall_s:.1f}s)\n"
     )
     sys.stdout.flush()
@@ -565,7 +671,10 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
     if not runs.is_dir():
         raise CLIError(f"{runs} is not a folder")
     out = Path(args.out) if args.out else runs / "leaderboard.csv"
-    df = write_leaderboard_csv(out, runs)
+    try:
+        df = write_leaderboard_csv(out, runs)
+    except (ResultsError, OSError) as exc:
+        raise CLIError(_one_line(str(exc))) from exc
     _report_leaderboard(df, out)
     return 0
 
@@ -584,10 +693,14 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     if not csv.is_file():
         raise CLIError(f"{csv} is not a file")
     meters = args.meters or list(PARETO_METERS)
-    df = read_leaderboard_csv(csv)
+    try:
+        df = read_leaderboard_csv(csv)
+    except (ValueError, OSError) as exc:  # ResultsError, pandas parse and decode errors
+        raise CLIError(f"{csv}: not a readable leaderboard CSV: {_one_line(str(exc))}") from exc
     missing = [m for m in meters if f"{m}_mean" not in df.columns]
     if missing:
-        raise CLIError(f"unknown meter(s) {', '.join(missing)}")
+        valid = [c.removesuffix("_mean") for c in df.columns if c.endswith("_mean")]
+        raise CLIError(f"unknown meter(s) {', '.join(missing)}; valid meters: {', '.join(valid)}")
     out = Path(args.out) if args.out else csv.parent / "plots"
     paths = plot_leaderboard(df, out, meters=meters, formats=args.formats)
     _report_paths(paths, out)

@@ -34,17 +34,38 @@ from selfcest_env.prompts import (
     spawn_clone_schema,
     tool_message,
 )
-from selfcest_env.protocol import Action, Objective, ParsedTurn, parse_turn, to_turn_input
-from selfcest_env.reward import RewardConfig, clone_reward, terminal_reward
+from selfcest_env.protocol import (
+    Action,
+    Objective,
+    ParsedTurn,
+    TurnInput,
+    clean_text,
+    parse_turn,
+    to_turn_input,
+)
+from selfcest_env.reward import RewardBreakdown, RewardConfig, clone_reward, terminal_reward
+from selfcest_env.safe_grading import grade_safely
 from selfcest_env.spaces import action_space, observation_space
-from selfcest_env.tasks.base import TaskInstance, TaskSource, check_split
+from selfcest_env.tasks.base import Grade, TaskInstance, TaskSource, check_split
 from selfcest_env.tokens import TokenCounter, as_token_counter
 from selfcest_env.tree import Context, TurnRecord
 
 RootView = Literal["keys", "full"]
 
-#: ``info["end_reason"]`` values: the root answered, or what ended the episode first.
-END_REASONS: tuple[str, ...] = ("answered", "context_limit", "gen_budget", "turn_limit")
+#: ``info["end_reason"]`` values: the root answered, a limit ended the episode first, or
+#: something outside the policy failed (:data:`ABORT_REASONS`, see :meth:`SelfCestEnv.abort`).
+END_REASONS: tuple[str, ...] = (
+    "answered",
+    "context_limit",
+    "gen_budget",
+    "turn_limit",
+    "backend_error",
+)
+
+#: End reasons a driver may end an episode with through :meth:`SelfCestEnv.abort`:
+#: ``backend_error``, the model backend failed to produce a turn (server down, timeout, out of
+#: memory, malformed response).
+ABORT_REASONS: tuple[str, ...] = ("backend_error",)
 
 _FAILURE_END_REASON = {
     "context limit": "context_limit",
@@ -67,6 +88,10 @@ class EnvConfig:
         reveal_answer: Put the gold answer into the final ``info`` (off, so that agents cannot
             read labels by accident).
         max_prompt_chars: Upper bound of the prompt text space.
+        grade_timeout_s: Seconds the task's grader may take before the answer scores 0 with the
+            reason in ``info["grade_error"]`` (``None``: no limit); see
+            :mod:`selfcest_env.safe_grading`. Generous by default: the math grader's first call
+            starts a worker process.
     """
 
     limits: Limits = field(default_factory=Limits)
@@ -76,11 +101,17 @@ class EnvConfig:
     root_view: RootView = "keys"
     reveal_answer: bool = False
     max_prompt_chars: int = 1 << 26
+    grade_timeout_s: float | None = 300.0
 
     def __post_init__(self) -> None:
         check_split(self.split)
         if self.root_view not in ("keys", "full"):
             raise ValueError(f"root_view must be 'keys' or 'full', got {self.root_view!r}")
+        timeout = self.grade_timeout_s
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+        ):
+            raise ValueError(f"grade_timeout_s must be a positive number or None, got {timeout!r}")
 
 
 class SelfCestEnv(gym.Env[dict[str, Any], Any]):
@@ -168,9 +199,15 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         return self._observe(root), self._info(root)
 
     def step(self, action: Action) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
-        """Act for the active context (see :mod:`selfcest_env.protocol` for actions)."""
+        """Act for the active context (see :mod:`selfcest_env.protocol` for actions).
+
+        Never raises for what a model may write (any text, any structured action); raises
+        ``TypeError`` for an object that is not an action and ``RuntimeError`` outside an
+        episode.
+        """
         self._check_running()
-        self._act(self._contexts[next(iter(self._runnable))], action)
+        turn = to_turn_input(action)
+        self._act(self._contexts[next(iter(self._runnable))], turn)
         return self._step_result()
 
     def step_many(
@@ -180,6 +217,9 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
 
         Raises:
             ValueError: when an id is not runnable now (the message lists those that are).
+            TypeError: when an entry is not an action.
+
+        Every entry is checked before any is applied, so a bad call changes nothing.
         """
         self._check_running()
         if not actions:
@@ -189,9 +229,37 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
             raise ValueError(
                 f"contexts {sorted(stale)} cannot act now; runnable: {sorted(self._runnable)}"
             )
-        for cid in sorted(actions):
+        turns = {cid: to_turn_input(actions[cid]) for cid in sorted(actions)}
+        for cid, turn in turns.items():
             if cid in self._runnable:
-                self._act(self._contexts[cid], actions[cid])
+                self._act(self._contexts[cid], turn)
+        return self._step_result()
+
+    def abort(
+        self, error: str, end_reason: str = "backend_error"
+    ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        """End the running episode because something outside the policy failed.
+
+        For drivers: when the model backend cannot produce a turn (server down, timeout, out of
+        memory, malformed response), the episode cannot go on and must not be scored as the
+        policy's failure. The episode is ``truncated``; ``info["end_reason"]`` is
+        ``end_reason``, ``info["error"]`` is ``error``; score, reward and every context reward
+        are 0; the meters and the trace stand as they are (turns not stepped are not charged).
+        Trainers should drop such episodes.
+
+        Returns:
+            The final ``(obs, reward, terminated, truncated, info)``, as :meth:`step` would.
+
+        Raises:
+            ValueError: ``end_reason`` is not in :data:`ABORT_REASONS`.
+            RuntimeError: no episode is running.
+        """
+        self._check_running()
+        if end_reason not in ABORT_REASONS:
+            raise ValueError(
+                f"cannot abort with end_reason {end_reason!r}; valid: {', '.join(ABORT_REASONS)}"
+            )
+        self._close_episode(end_reason, None, clean_text(str(error)))
         return self._step_result()
 
     def runnable(self) -> dict[int, tuple[dict[str, Any], dict[str, Any]]]:
@@ -299,23 +367,17 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         allowance = min(cap, budget, room)
         return (None if allowance == math.inf else int(allowance)), None
 
-    def _act(self, context: Context, action: Action) -> None:
-        self._take_turn(context, action)
+    def _act(self, context: Context, turn: TurnInput) -> None:
+        self._take_turn(context, turn)
         if self._end_reason is None and self._ledger.remaining_gen_tokens() <= 0:
             self._fail_all_runnable("budget limit")
 
-    def _take_turn(self, context: Context, action: Action) -> None:
-        turn = to_turn_input(action)
+    def _take_turn(self, context: Context, turn: TurnInput) -> None:
         allowance, reason = self._allowance(context)
         if reason is not None:
             self._fail(context, reason)
             return
         text, token_ids, logprobs = turn.text, turn.token_ids, turn.logprobs
-        if token_ids is not None and logprobs is not None and len(logprobs) != len(token_ids):
-            raise ValueError(
-                f"logprobs has {len(logprobs)} entries for {len(token_ids)} token ids; pass one "
-                "logprob per sampled token"
-            )
         truncated = False
         if token_ids is not None:
             used = len(token_ids)
@@ -470,40 +532,44 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
     def _end_episode(self, root: Context) -> None:
         assert self._instance is not None
         if root.status == "returned":
-            self._end_reason = "answered"
-            grade = self.task.grade(self._instance, root.answer or "")
-        else:
-            self._end_reason = _FAILURE_END_REASON[root.failure.removeprefix("failed due to ")]
-            grade = None
-        score = 0.0 if grade is None else float(grade.score)
-        self._ledger.critical_path_tokens = root.critical_path_tokens
-        per_turn = [
-            [self._contexts[cid].gen_tokens for cid in turn.children]
-            for turn in root.turns
-            if turn.children
-        ]
-        root_calls = sum(1 for turn in root.turns if turn.children)
-        breakdown = terminal_reward(
-            self.reward_config,
-            score,
-            root.gen_tokens,
-            per_turn,
-            self._ledger.tool_repairs,
-            root_calls,
-        )
-        root.reward = breakdown.reward
-        for context in self._contexts[1:]:
-            context.reward = clone_reward(
-                self.reward_config, breakdown.reward, context.marked, context.gen_tokens
+            grade = grade_safely(
+                self.task, self._instance, root.answer or "", self.config.grade_timeout_s
             )
+            self._close_episode("answered", grade, None)
+        else:
+            reason = _FAILURE_END_REASON[root.failure.removeprefix("failed due to ")]
+            self._close_episode(reason, None, None)
+
+    def _close_episode(self, end_reason: str, grade: Grade | None, error: str | None) -> None:
+        """Score the episode (no grade: 0), set every reward (an ``error``: all 0), build the
+        final info."""
+        assert self._instance is not None
+        root = self._contexts[0]
+        self._end_reason = end_reason
+        score = 0.0 if grade is None else float(grade.score)
+        details = {} if grade is None else dict(grade.details)
+        self._ledger.critical_path_tokens = root.critical_path_tokens
+        if error is None:
+            breakdown = self._terminal_reward(root, score)
+            for context in self._contexts[1:]:
+                context.reward = clone_reward(
+                    self.reward_config, breakdown.reward, context.marked, context.gen_tokens
+                )
+        else:
+            breakdown = RewardBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+            for context in self._contexts[1:]:
+                context.reward = 0.0
+        root.reward = breakdown.reward
         self._runnable.clear()
         self._final = {
             "end_reason": self._end_reason,
+            "error": error,
             "task_id": self._instance.task_id,
             "answer": root.answer,
             "score": score,
             "correct": bool(grade.correct) if grade is not None else False,
-            "grade_details": dict(grade.details) if grade is not None else {},
+            "grade_details": details,
+            "grade_error": None if details.get("error") is None else str(details["error"]),
             "reward_breakdown": {
                 "score": breakdown.score,
                 "root_penalty": breakdown.root_penalty,
@@ -518,6 +584,22 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
             self._final["gold_answer"] = self._instance.answer
             self._final["gold_aliases"] = list(self._instance.aliases)
 
+    def _terminal_reward(self, root: Context, score: float) -> RewardBreakdown:
+        per_turn = [
+            [self._contexts[cid].gen_tokens for cid in turn.children]
+            for turn in root.turns
+            if turn.children
+        ]
+        root_calls = sum(1 for turn in root.turns if turn.children)
+        return terminal_reward(
+            self.reward_config,
+            score,
+            root.gen_tokens,
+            per_turn,
+            self._ledger.tool_repairs,
+            root_calls,
+        )
+
     def trace(self) -> dict[str, Any]:
         """The whole tree so far: per context its messages, turns, usage, answer and reward."""
         assert self._instance is not None
@@ -526,6 +608,7 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
             "source": self.task.name,
             "split": self.config.split,
             "end_reason": self._end_reason,
+            "error": self._final.get("error"),
             "reward": self._contexts[0].reward if self._contexts else None,
             "meters": self._ledger.meters(),
             "contexts": [c.to_dict() for c in self._contexts],
@@ -574,6 +657,7 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
             "messages": [dict(m) for m in context.messages],
             "objective": context.objective,
             "context_keys": list(self._paragraphs) if context.may_spawn else [],
+            "answer_type": self.task.answer_type,
             "tools": [spawn_clone_schema()] if context.may_spawn else [],
             "max_new_tokens": allowance,
             "meters": self._ledger.meters(),

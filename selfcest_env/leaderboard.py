@@ -197,7 +197,7 @@ def run_row(path: str | Path) -> dict[str, Any] | None:
     """The leaderboard row of one run folder (without Pareto flags); ``None`` if it has no
     complete episode yet."""
     run = load_run(path)
-    eps = run.episodes
+    eps = sorted(run.episodes, key=lambda e: e["episode"])  # sums independent of finish order
     n = len(eps)
     if n == 0:
         logger.warning("skipping run %s: no episodes yet", path)

@@ -17,18 +17,39 @@ string that the environment sends back to the model as a tool message.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+logger = logging.getLogger(__name__)
+
 TOOL_NAME = "spawn_clone"
 
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_OPEN_TAG = "<tool_call>"
+_CLOSE_TAG = "</tool_call>"
 _ANSWER_MARKER = re.compile(r"answer\s*:", re.IGNORECASE)
 _THINK_END = "</think>"
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+_FENCE = "```"
 _TRAILING_COMMA = re.compile(r",\s*([}\]])")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD.
+
+    Python strings may hold lone surrogates (``json.loads('"\\ud800"')`` makes one) that cannot
+    be encoded as UTF-8, so tokenizers and result files would fail on them; every string the
+    environment takes from an action goes through here.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
 
 
 @dataclass(frozen=True)
@@ -67,16 +88,19 @@ class Spawn:
     logprobs: Sequence[float] | None = None
 
     def to_text(self) -> str:
-        """The canonical text form: one ``<tool_call>`` block."""
+        """The canonical text form: one ``<tool_call>`` block that parses back to this call."""
         arguments: dict[str, Any] = {
             "objectives": [
-                o.to_json() if isinstance(o, Objective) else str(o) for o in self.objectives
+                o.to_json() if isinstance(o, Objective) else str(o)
+                for o in _as_list(self.objectives)
             ]
         }
         if self.shared_context:
-            arguments["shared_context"] = list(self.shared_context)
+            arguments["shared_context"] = _as_list(self.shared_context)
         payload = json.dumps({"name": TOOL_NAME, "arguments": arguments}, ensure_ascii=False)
-        return f"<tool_call>{payload}</tool_call>"
+        # "</" only occurs inside JSON strings; "<\/" reads back the same and cannot close the block
+        payload = payload.replace("</", "<\\/")
+        return f"{_OPEN_TAG}{payload}{_CLOSE_TAG}"
 
 
 @dataclass(frozen=True)
@@ -149,31 +173,56 @@ class TurnInput:
 def to_turn_input(action: Action) -> TurnInput:
     """Normalise any accepted action into a :class:`TurnInput`.
 
+    Never raises for a ``str``, :class:`Turn`, :class:`Spawn` or :class:`Return`, whatever their
+    fields hold: lone surrogates are replaced (:func:`clean_text`), ``None`` texts and answers
+    read as empty, a single objective or key given as a string is one objective or key, and
+    ``logprobs`` whose length differs from ``token_ids`` are dropped (logged), since the ledger
+    and trainers need one logprob per sampled token.
+
     Raises:
         TypeError: when ``action`` is none of ``str``, :class:`Turn`, :class:`Spawn`,
             :class:`Return`.
     """
     if isinstance(action, str):
-        return TurnInput(action, None, None)
+        return TurnInput(clean_text(action), None, None)
     if isinstance(action, (Turn, Spawn, Return)):
         token_ids = None if action.token_ids is None else tuple(int(t) for t in action.token_ids)
         logprobs = None if action.logprobs is None else tuple(float(x) for x in action.logprobs)
+        if token_ids is not None and logprobs is not None and len(logprobs) != len(token_ids):
+            logger.warning(
+                "dropping %d logprobs given for %d token ids: pass one logprob per sampled token",
+                len(logprobs),
+                len(token_ids),
+            )
+            logprobs = None
         if isinstance(action, Turn):
-            return TurnInput(action.text, token_ids, logprobs)
-        text = action.text if action.text is not None else action.to_text()
+            return TurnInput(clean_text(action.text or ""), token_ids, logprobs)
+        text = clean_text(action.text if action.text is not None else action.to_text())
         if isinstance(action, Return):
-            parsed = ParsedTurn(answer=action.answer.strip(), marked=True)
+            answer = clean_text("" if action.answer is None else str(action.answer)).strip()
+            parsed = ParsedTurn(answer=answer, marked=True)
         else:
             parsed = _structured_spawn(action)
         return TurnInput(text, token_ids, logprobs, parsed)
     raise TypeError(f"an action must be a str, Turn, Spawn or Return, not {type(action).__name__}")
 
 
+def _as_list(value: Any) -> list[Any]:
+    """A structured field as a list: one string (or objective) is one item, ``None`` none."""
+    if value is None:
+        return []
+    if isinstance(value, (str, Objective)):
+        return [value]
+    return list(value)
+
+
 def _structured_spawn(action: Spawn) -> ParsedTurn:
     """Validate a structured :class:`Spawn` with the same rules as a parsed tool call."""
     arguments = {
-        "objectives": [o.to_json() if isinstance(o, Objective) else o for o in action.objectives],
-        "shared_context": list(action.shared_context),
+        "objectives": [
+            o.to_json() if isinstance(o, Objective) else o for o in _as_list(action.objectives)
+        ],
+        "shared_context": _as_list(action.shared_context),
     }
     repairs: list[str] = []
     call, error = _validate_call({"name": TOOL_NAME, "arguments": arguments}, repairs)
@@ -200,7 +249,11 @@ def extract_answer(text: str) -> tuple[str, bool]:
 
 
 def parse_turn(text: str, max_tool_calls: int = 10) -> ParsedTurn:
-    """Parse one model turn; never raises (see the module docstring)."""
+    """Parse one model turn; never raises (see the module docstring).
+
+    Linear in the length of ``text``: a megabyte of hostile output parses in milliseconds.
+    """
+    text = clean_text(text)
     bodies, repairs = _tool_call_bodies(text)
     if not bodies:
         answer, marked = extract_answer(text)
@@ -224,15 +277,23 @@ def parse_turn(text: str, max_tool_calls: int = 10) -> ParsedTurn:
 
 
 def _tool_call_bodies(text: str) -> tuple[list[str], list[str]]:
-    """The bodies of the ``<tool_call>`` blocks in ``text`` and the repairs needed to find them."""
-    bodies = [m.group(1) for m in _TOOL_CALL.finditer(text)]
+    """The bodies of the ``<tool_call>`` blocks in ``text`` and the repairs needed to find them.
+
+    One left-to-right scan: each block runs from its opening tag to the next closing tag; an
+    opening tag without a closing one takes the rest of the turn.
+    """
+    bodies: list[str] = []
     repairs: list[str] = []
-    tail_start = text.rfind("</tool_call>")
-    tail = text[tail_start + len("</tool_call>") :] if tail_start >= 0 else text
-    opening = tail.find("<tool_call>")
-    if opening >= 0:
-        bodies.append(tail[opening + len("<tool_call>") :])
-        repairs.append("closed an unterminated <tool_call> block")
+    position = 0
+    while (opening := text.find(_OPEN_TAG, position)) >= 0:
+        start = opening + len(_OPEN_TAG)
+        closing = text.find(_CLOSE_TAG, start)
+        if closing < 0:
+            bodies.append(text[start:])
+            repairs.append("closed an unterminated <tool_call> block")
+            break
+        bodies.append(text[start:closing])
+        position = closing + len(_CLOSE_TAG)
     if not bodies and TOOL_NAME in text and "{" in text:
         candidate = text[text.find("{") : text.rfind("}") + 1]
         payload, error = _decode(candidate)
@@ -245,9 +306,8 @@ def _tool_call_bodies(text: str) -> tuple[list[str], list[str]]:
 def _load_json(body: str, repairs: list[str]) -> tuple[Any, str | None]:
     """Decode a tool-call body, repairing code fences, quotes, trailing commas and brackets."""
     body = body.strip()
-    fenced = _FENCE.match(body)
-    if fenced:
-        body = fenced.group(1)
+    if len(body) >= 2 * len(_FENCE) and body.startswith(_FENCE) and body.endswith(_FENCE):
+        body = body[len(_FENCE) : -len(_FENCE)].removeprefix("json").strip()
         repairs.append("removed a code fence around the tool call")
     if not body:
         return None, "empty tool call: write a JSON object with 'name' and 'arguments'"
@@ -355,7 +415,7 @@ def _objective(
     if isinstance(raw, str):
         if not raw.strip():
             return None, f"objective {number} is empty"
-        return Objective(raw.strip(), None, shared), None
+        return Objective(clean_text(raw).strip(), None, shared), None
     if not isinstance(raw, dict):
         return None, f"objective {number} must be a string or an object with 'instruction'"
     instruction = raw.get("instruction")
@@ -374,7 +434,8 @@ def _objective(
     if error is not None:
         return None, error
     keys = tuple(dict.fromkeys(shared + own))
-    return Objective(instruction.strip(), name.strip() if name else None, keys), None
+    name = clean_text(name).strip() if name else None
+    return Objective(clean_text(instruction).strip(), name or None, keys), None
 
 
 def _keys(raw: Any, where: str, repairs: list[str]) -> tuple[tuple[str, ...], str | None]:
@@ -383,7 +444,7 @@ def _keys(raw: Any, where: str, repairs: list[str]) -> tuple[tuple[str, ...], st
         return (), None
     if isinstance(raw, str):
         repairs.append(f"wrapped a single {where} key in a list")
-        return (raw,), None
+        raw = [raw]
     if not isinstance(raw, list) or not all(isinstance(k, str) for k in raw):
         return (), f"'{where}' must be a list of context keys (strings)"
-    return tuple(raw), None
+    return tuple(dict.fromkeys(clean_text(key) for key in raw)), None

@@ -13,10 +13,12 @@ Keyword arguments are routed by name: :class:`~selfcest_env.env.EnvConfig` field
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 import gymnasium as gym
 
+from selfcest_env.budget import Limits
 from selfcest_env.env import EnvConfig, SelfCestEnv, split_env_kwargs
 from selfcest_env.tasks.base import TaskSource
 
@@ -61,7 +63,17 @@ def _make_env(
     kwargs: dict[str, Any],
 ) -> SelfCestEnv:
     env_config, source_kwargs = split_env_kwargs(kwargs, config)
-    return SelfCestEnv(make_source(source, **source_kwargs), env_config, tokenizer, render_mode)
+    try:
+        task = make_source(source, **source_kwargs)
+    except TypeError as exc:
+        if not source_kwargs:
+            raise
+        raise TypeError(
+            f"{exc} (arguments that are not env settings or limits go to source {source!r}; "
+            f"env settings: {', '.join(f.name for f in fields(EnvConfig))}; limits: "
+            f"{', '.join(f.name for f in fields(Limits))})"
+        ) from exc
+    return SelfCestEnv(task, env_config, tokenizer, render_mode)
 
 
 def register_envs() -> None:

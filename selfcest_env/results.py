@@ -12,8 +12,14 @@ A run folder holds three files:
     flushed and ``fsync``-ed before :meth:`RunFolder.append_episode` returns, so a killed run
     loses at most the episode it was writing. On open, an unterminated last line (a kill in the
     middle of a write) is dropped and the file truncated back to its last complete line.
+``errors.jsonl``
+    Append-only like ``episodes.jsonl``, one line per episode attempt that ended because
+    something outside the policy failed (``end_reason`` ``"backend_error"``, with ``error``
+    saying what): :meth:`RunFolder.append_error`. Such an episode is not done, so a rerun plays
+    it again; its failed attempts stay listed here and counted in ``stats.json``.
 ``stats.json``
-    Summary statistics computed from the episodes (:func:`compute_stats`), written atomically.
+    Summary statistics computed from the episodes and errors (:func:`compute_stats`), written
+    atomically.
 
 Episode indices are unique in a folder: a driver asks :meth:`RunFolder.missing_episodes` (or
 :meth:`RunFolder.done_episodes`) which indices are left and runs only those; appending an index
@@ -66,6 +72,7 @@ ANSWERED = "answered"
 
 SPEC_FILE = "run_spec.json"
 EPISODES_FILE = "episodes.jsonl"
+ERRORS_FILE = "errors.jsonl"
 STATS_FILE = "stats.json"
 
 #: Version of the run_spec.json / stats.json layout.
@@ -413,6 +420,25 @@ def validate_episode(record: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def encode_episode_line(record: Mapping[str, Any]) -> bytes:
+    """One ``episodes.jsonl`` line of a validated record: UTF-8 JSON ending in a newline.
+
+    Strings that UTF-8 cannot encode (lone surrogates) are written as JSON ``\\u`` escapes,
+    which read back as the same strings.
+    """
+    try:
+        return (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        return (json.dumps(record, ensure_ascii=True, allow_nan=False) + "\n").encode("ascii")
+
+
+def _append_line(handle: Any, line: bytes) -> None:
+    """Append one line to an open binary file, flush and fsync before returning."""
+    handle.write(line)
+    handle.flush()
+    os.fsync(handle.fileno())
+
+
 def _validate_meters(value: Any, problems: list[str]) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         problems.append(f"'meters' must be a dict, got {type(value).__name__}")
@@ -443,8 +469,11 @@ def _validate_meters(value: Any, problems: list[str]) -> dict[str, Any]:
     return meters
 
 
-def _parse_lines(data: bytes, source: str) -> tuple[list[dict[str, Any]], int, bool]:
-    """Parse the complete lines of an episodes file.
+def _parse_lines(
+    data: bytes, source: str, unique: bool = True
+) -> tuple[list[dict[str, Any]], int, bool]:
+    """Parse the complete lines of an episodes file (``unique``: an episode index may appear
+    only once) or an errors file.
 
     Returns the records, the byte length of the complete-line prefix, and whether an
     unterminated tail was found (and left out).
@@ -461,7 +490,7 @@ def _parse_lines(data: bytes, source: str) -> tuple[list[dict[str, Any]], int, b
             record = validate_episode(obj)
         except (UnicodeDecodeError, json.JSONDecodeError, EpisodeRecordError) as exc:
             raise CorruptRunError(f"{source}:{lineno}: unreadable episode line: {exc}") from exc
-        if record["episode"] in seen:
+        if unique and record["episode"] in seen:
             raise CorruptRunError(
                 f"{source}:{lineno}: episode {record['episode']} is recorded twice "
                 "(two writers on one folder?)"
@@ -483,6 +512,18 @@ def read_episodes(path: str | Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     records, _, _ = _parse_lines(path.read_bytes(), str(path))
+    return records
+
+
+def read_errors(path: str | Path) -> list[dict[str, Any]]:
+    """Read the ``errors.jsonl`` of a run folder (or the file) without modifying it, like
+    :func:`read_episodes`; an episode may appear on several lines (one per failed attempt)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / ERRORS_FILE
+    if not path.exists():
+        return []
+    records, _, _ = _parse_lines(path.read_bytes(), str(path), unique=False)
     return records
 
 
@@ -523,17 +564,25 @@ def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tup
     return low, high
 
 
-def compute_stats(episodes: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Summary of validated episode records.
+def compute_stats(
+    episodes: Iterable[Mapping[str, Any]], errors: Iterable[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """Summary of validated episode records (and of the error records of ``errors.jsonl``).
 
     Keys: ``n``, ``n_correct``, ``accuracy`` (``None`` when ``n == 0``), ``acc_ci_low`` /
     ``acc_ci_high`` (95% Wilson), ``mean_score``, ``mean_reward``, ``meters`` (per meter in
     :data:`METERS` plus any extra meters present in every episode: ``mean``, ``p50``, ``p95``,
     ``sum``), ``end_reasons`` (counts of every end reason), ``failures`` (counts of the end
     reasons other than ``"answered"``), ``n_failed``, ``wall_time_s`` (sum of episode wall
-    times) and ``episodes`` (sorted indices).
+    times), ``episodes`` (sorted indices), ``n_grade_errors`` (episodes whose grader failed and
+    scored 0: a ``grade_error`` in the record), ``n_errors`` (failed attempts in
+    ``errors.jsonl``), ``errors`` (their counts by end reason) and ``errored_episodes`` (sorted
+    indices of failed episodes without a result yet: a rerun plays them again).
+
+    Sums run in episode order, so the figures do not depend on the order episodes finished in.
     """
-    eps = list(episodes)
+    eps = sorted(episodes, key=lambda e: e["episode"])
+    errs = list(errors)
     n = len(eps)
     n_correct = sum(1 for e in eps if e["correct"])
     low, high = wilson_interval(n_correct, n)
@@ -566,7 +615,11 @@ def compute_stats(episodes: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "failures": failures,
         "n_failed": sum(failures.values()),
         "wall_time_s": sum(float(e["meters"]["wall_time_s"]) for e in eps),
-        "episodes": sorted(e["episode"] for e in eps),
+        "episodes": [e["episode"] for e in eps],
+        "n_grade_errors": sum(1 for e in eps if e.get("grade_error")),
+        "n_errors": len(errs),
+        "errors": dict(sorted(Counter(e["end_reason"] for e in errs).items())),
+        "errored_episodes": sorted({e["episode"] for e in errs} - {e["episode"] for e in eps}),
     }
 
 
@@ -611,10 +664,11 @@ class RunData:
     spec: RunSpec
     spec_file: dict[str, Any]
     episodes: list[dict[str, Any]]
+    errors: list[dict[str, Any]] = field(default_factory=list)
 
     def stats(self) -> dict[str, Any]:
-        """:func:`compute_stats` of the episodes."""
-        return compute_stats(self.episodes)
+        """:func:`compute_stats` of the episodes and errors."""
+        return compute_stats(self.episodes, self.errors)
 
 
 def load_run(path: str | Path) -> RunData:
@@ -625,7 +679,9 @@ def load_run(path: str | Path) -> RunData:
         spec = RunSpec.from_dict(spec_file["spec"])
     except (TypeError, ResultsError) as exc:
         raise CorruptRunError(f"{path / SPEC_FILE}: bad spec: {exc}") from exc
-    return RunData(path, spec, spec_file, read_episodes(path / EPISODES_FILE))
+    return RunData(
+        path, spec, spec_file, read_episodes(path / EPISODES_FILE), read_errors(path / ERRORS_FILE)
+    )
 
 
 def is_run_dir(path: str | Path) -> bool:
@@ -681,11 +737,14 @@ class RunFolder:
         self._handle = open(self.episodes_path, "ab")  # noqa: SIM115 - kept open until close()
         try:
             _lock_exclusive(self._handle, self.path)
-            self._episodes: list[dict[str, Any]] = self._load_and_repair()
+            self._episodes: list[dict[str, Any]] = self._load_and_repair(self.episodes_path)
+            self._errors = self._load_and_repair(self.errors_path, unique=False)
         except BaseException:
             self._handle.close()
             raise
+        self._remove_stale_temporary_files()
         self._done: set[int] = {e["episode"] for e in self._episodes}
+        self._error_handle: Any = None
 
     @classmethod
     def open_existing(cls, path: str | Path) -> RunFolder:
@@ -708,6 +767,11 @@ class RunFolder:
     def episodes_path(self) -> Path:
         """Path of ``episodes.jsonl``."""
         return self.path / EPISODES_FILE
+
+    @property
+    def errors_path(self) -> Path:
+        """Path of ``errors.jsonl``."""
+        return self.path / ERRORS_FILE
 
     @property
     def stats_path(self) -> Path:
@@ -752,20 +816,29 @@ class RunFolder:
             },
         )
 
-    def _load_and_repair(self) -> list[dict[str, Any]]:
-        if not self.episodes_path.exists():
+    def _remove_stale_temporary_files(self) -> None:
+        """Delete what a write killed between its temporary file and the rename left behind
+        (the lock guarantees that no other writer is in the middle of one)."""
+        for name in (SPEC_FILE, STATS_FILE):
+            for stale in self.path.glob(f".{name}.*.tmp"):
+                with contextlib.suppress(OSError):
+                    stale.unlink()
+
+    @staticmethod
+    def _load_and_repair(path: Path, unique: bool = True) -> list[dict[str, Any]]:
+        if not path.exists():
             return []
-        data = self.episodes_path.read_bytes()
-        records, end, has_tail = _parse_lines(data, str(self.episodes_path))
+        data = path.read_bytes()
+        records, end, has_tail = _parse_lines(data, str(path), unique)
         if len(data) > end:
             tail = data[end:]
             if has_tail:
                 logger.warning(
                     "%s: dropping an unterminated last line of %d bytes (interrupted write)",
-                    self.episodes_path,
+                    path,
                     len(tail),
                 )
-            with open(self.episodes_path, "r+b") as handle:
+            with open(path, "r+b") as handle:
                 handle.truncate(end)
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -777,6 +850,11 @@ class RunFolder:
     def episodes(self) -> list[dict[str, Any]]:
         """The recorded episodes in the order they were written (a copy of the list)."""
         return list(self._episodes)
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        """The recorded failed attempts (``errors.jsonl``), in the order they were written."""
+        return list(self._errors)
 
     def done_episodes(self) -> set[int]:
         """Indices of the episodes already recorded."""
@@ -806,19 +884,54 @@ class RunFolder:
             raise DuplicateEpisodeError(
                 f"episode {index} is already recorded in {self.episodes_path}"
             )
-        line = json.dumps(clean, ensure_ascii=False, allow_nan=False) + "\n"
-        self._handle.write(line.encode("utf-8"))
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
+        _append_line(self._handle, encode_episode_line(clean))
         self._episodes.append(clean)
         self._done.add(index)
+        return clean
+
+    def append_error(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """Record a failed attempt at an episode in ``errors.jsonl`` (flushed and fsync-ed).
+
+        ``record`` has the schema of :func:`validate_episode` plus ``error`` (a non-empty
+        string: what failed). The episode stays missing, so a rerun plays it again.
+
+        Raises:
+            EpisodeRecordError: the record does not follow the schema or has no ``error``.
+            DuplicateEpisodeError: the episode already has a result.
+            ResultsError: the folder is closed.
+        """
+        if self._handle.closed:
+            raise ResultsError(f"run folder {self.path} is closed")
+        clean = validate_episode(record)
+        if not isinstance(clean.get("error"), str) or not clean["error"]:
+            raise EpisodeRecordError("an error record needs 'error': a non-empty string")
+        if clean["episode"] in self._done:
+            raise DuplicateEpisodeError(
+                f"episode {clean['episode']} already has a result in {self.episodes_path}"
+            )
+        if self._error_handle is None:
+            self._error_handle = open(self.errors_path, "ab")  # noqa: SIM115 - closed in close()
+        _append_line(self._error_handle, encode_episode_line(clean))
+        self._errors.append(clean)
         return clean
 
     # stats ----------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """:func:`compute_stats` of the recorded episodes."""
-        return compute_stats(self._episodes)
+        """:func:`compute_stats` of the recorded episodes and errors."""
+        return compute_stats(self._episodes, self._errors)
+
+    def stats_current(self) -> bool:
+        """Whether ``stats.json`` exists and holds :meth:`stats` (it may not after a kill
+        between the last episode and the stats write)."""
+        try:
+            written = json.loads(self.stats_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return False
+        if not isinstance(written, dict):
+            return False
+        written = {k: v for k, v in written.items() if k not in ("run_id", "updated")}
+        return written == _json_normalise(self.stats())
 
     def write_stats(self) -> dict[str, Any]:
         """Compute the stats, write ``stats.json`` atomically and return them."""
@@ -831,7 +944,9 @@ class RunFolder:
     # lifetime -------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the episodes file (idempotent)."""
+        """Close the episodes and errors files (idempotent)."""
+        if self._error_handle is not None and not self._error_handle.closed:
+            self._error_handle.close()
         if not self._handle.closed:
             self._handle.close()
 

@@ -7,7 +7,11 @@ environment with :meth:`~selfcest_env.env.SelfCestEnv.step_many`, and streams ou
 :class:`EpisodeResult` as soon as an episode ends.
 
 The driver knows nothing about models: a policy is anything with a ``name`` and
-``act_batch(views) -> actions`` (see :class:`BatchPolicy`).
+``act_batch(views) -> actions`` (see :class:`BatchPolicy`). When a policy cannot produce an
+action for a context because its backend failed, it returns an :class:`ActionFailure` in that
+place; the driver then ends that context's episode with
+:meth:`~selfcest_env.env.SelfCestEnv.abort` (``end_reason="backend_error"``) and every other
+episode goes on.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any, Protocol
 
 from tqdm.auto import tqdm
 
-from selfcest_env.env import SelfCestEnv
+from selfcest_env.env import ABORT_REASONS, SelfCestEnv
 from selfcest_env.protocol import Action
 
 logger = logging.getLogger(__name__)
@@ -43,13 +47,34 @@ class ContextView:
     info: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class ActionFailure:
+    """What a policy returns instead of an action when it could not produce one.
+
+    Attributes:
+        error: What failed, for the episode record (e.g. the backend's error message).
+        end_reason: The episode's end reason, one of
+            :data:`~selfcest_env.env.ABORT_REASONS`.
+    """
+
+    error: str
+    end_reason: str = "backend_error"
+
+    def __post_init__(self) -> None:
+        if self.end_reason not in ABORT_REASONS:
+            raise ValueError(
+                f"ActionFailure.end_reason must be one of {', '.join(ABORT_REASONS)}, "
+                f"got {self.end_reason!r}"
+            )
+
+
 class BatchPolicy(Protocol):
     """What the driver needs from an agent."""
 
     name: str
 
-    def act_batch(self, views: Sequence[ContextView]) -> list[Action]:
-        """One action per view, in order."""
+    def act_batch(self, views: Sequence[ContextView]) -> list[Action | ActionFailure]:
+        """One action (or :class:`ActionFailure`) per view, in order."""
 
 
 @dataclass(frozen=True)
@@ -75,10 +100,16 @@ class EpisodeResult:
     answer: str
     meters: dict[str, Any]
     trace: dict[str, Any] | None = None
+    error: str | None = None
+    grade_error: str | None = None
 
     def to_record(self, with_trace: bool = False) -> dict[str, Any]:
-        """A JSON-ready dictionary (the trace only when asked for: it is large)."""
-        record = {
+        """A JSON-ready dictionary (the trace only when asked for: it is large).
+
+        ``error`` (what ended an aborted episode) and ``grade_error`` (why grading scored 0)
+        appear only when set.
+        """
+        record: dict[str, Any] = {
             "episode": self.episode,
             "task_id": self.task_id,
             "seed": self.seed,
@@ -89,6 +120,10 @@ class EpisodeResult:
             "answer": self.answer,
             "meters": dict(self.meters),
         }
+        if self.error is not None:
+            record["error"] = self.error
+        if self.grade_error is not None:
+            record["grade_error"] = self.grade_error
         if with_trace:
             record["trace"] = self.trace
         return record
@@ -166,9 +201,21 @@ def run_episodes(
                 slot = slots[index]
                 chosen = actions[position : position + len(views)]
                 position += len(views)
-                _, reward, terminated, truncated, info = slot.env.step_many(
-                    {view.context_id: action for view, action in zip(views, chosen)}
-                )
+                failure = next((a for a in chosen if isinstance(a, ActionFailure)), None)
+                if failure is not None:
+                    logger.warning(
+                        "episode %d ends with %s: %s",
+                        slot.spec.episode,
+                        failure.end_reason,
+                        failure.error,
+                    )
+                    _, reward, terminated, truncated, info = slot.env.abort(
+                        failure.error, failure.end_reason
+                    )
+                else:
+                    _, reward, terminated, truncated, info = slot.env.step_many(
+                        {view.context_id: action for view, action in zip(views, chosen)}
+                    )
                 if terminated or truncated:
                     result = _result(slot, reward, info, keep_traces)
                     correct += result.correct
@@ -198,4 +245,6 @@ def _result(slot: _Slot, reward: float, info: dict[str, Any], keep_trace: bool) 
         answer=info["answer"] or "",
         meters=meters,
         trace=info["trace"] if keep_trace else None,
+        error=info.get("error"),
+        grade_error=info.get("grade_error"),
     )

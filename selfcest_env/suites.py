@@ -350,7 +350,10 @@ def load_suite(name_or_path: str | Path) -> SuiteConfig:
         try:
             data = yaml.safe_load(raw)
         except yaml.YAMLError as exc:
-            raise SuiteError(f"{path}: bad YAML: {exc}") from exc
+            mark = getattr(exc, "problem_mark", None)
+            where = "" if mark is None else f" at line {mark.line + 1}, column {mark.column + 1}"
+            what = getattr(exc, "problem", None) or str(exc)
+            raise SuiteError(f"{path}: bad YAML{where}: {' '.join(str(what).split())}") from exc
     return suite_from_dict(data, name=path.stem)
 
 

@@ -41,6 +41,11 @@ def arithmetic_tasks() -> FixedTasks:
 @pytest.fixture
 def qa_tasks() -> FixedTasks:
     """One QA instance with two keyed paragraphs."""
+    return qa_task_source()
+
+
+def qa_task_source() -> FixedTasks:
+    """One QA instance with two keyed paragraphs (the ``qa_tasks`` fixture, as a function)."""
     return FixedTasks(
         [
             TaskInstance(

@@ -1,7 +1,8 @@
 """Model backends behind one batched protocol (:mod:`.base`).
 
-``make_backend("transformers" | "openai" | "vllm", **kwargs)`` builds one; each backend module is
-imported only when it is asked for, so optional dependencies stay optional.
+``make_backend("transformers" | "openai" | "vllm", **kwargs)`` builds one (``backend_class`` gives
+its class); each backend module is imported only when it is asked for, so optional dependencies
+stay optional.
 """
 
 from __future__ import annotations
@@ -22,23 +23,33 @@ __all__ = [
     "FinishReason",
     "GenerationRequest",
     "GenerationResult",
+    "backend_class",
     "make_backend",
 ]
 
 
-def make_backend(name: str, **kwargs: Any) -> Backend:
-    """The backend called ``name`` built with ``kwargs`` (its constructor's arguments)."""
+def backend_class(name: str) -> type[Backend]:
+    """The class of the backend called ``name``; its module is imported only now.
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`BACKENDS` (the message lists them).
+    """
     key = name.strip().lower()
     if key == "transformers":
         from .transformers_backend import TransformersBackend
 
-        return TransformersBackend(**kwargs)
+        return TransformersBackend
     if key == "openai":
         from .openai_backend import OpenAICompatibleBackend
 
-        return OpenAICompatibleBackend(**kwargs)
+        return OpenAICompatibleBackend
     if key == "vllm":
         from .vllm_backend import VLLMBackend
 
-        return VLLMBackend(**kwargs)
+        return VLLMBackend
     raise ValueError(f"unknown backend {name!r}: valid names are {', '.join(BACKENDS)}")
+
+
+def make_backend(name: str, **kwargs: Any) -> Backend:
+    """The backend called ``name`` built with ``kwargs`` (its constructor's arguments)."""
+    return backend_class(name)(**kwargs)

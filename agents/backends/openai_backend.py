@@ -3,8 +3,11 @@
 Chat requests go to ``/v1/chat/completions``, ``prompt_ids`` requests to ``/v1/completions``
 (the prompt sent as a list of token ids), always with ``logprobs`` requested. Requests run
 concurrently on a thread pool (``max_concurrency``); each is retried with exponential backoff on
-connection errors, timeouts, 429 and 5xx answers; after ``max_retries`` retries its result has
-``finish_reason="error"`` (one failed request never raises out of :meth:`generate`).
+connection errors (refused, reset, dropped), timeouts, 408/409/425/429 and 5xx answers, and
+malformed answers (not JSON, or JSON without a usable ``choices[0]``); after ``max_retries``
+retries it gives up: its result has ``finish_reason="error"`` and ``error`` says what failed on
+the last attempt. Other 4xx answers (a request the server rejects) fail at once. One failed
+request never raises out of :meth:`generate`.
 
 Token ids, in order of preference:
 
@@ -44,7 +47,11 @@ _RETRY_STATUS = {408, 409, 425, 429}
 
 
 class _RetryableError(Exception):
-    """A failure worth retrying (connection, timeout, 429, 5xx)."""
+    """A failure worth retrying (connection, timeout, 429, 5xx, malformed answer)."""
+
+
+class _RejectedError(Exception):
+    """The server rejected the request (4xx other than the retryable ones): not retried."""
 
 
 @dataclass
@@ -195,8 +202,11 @@ class OpenAICompatibleBackend(Backend):
         if response.status_code >= 500 or response.status_code in _RETRY_STATUS:
             raise _RetryableError(f"HTTP {response.status_code}: {response.text[:300]}")
         if response.status_code >= 400:
-            raise ValueError(f"HTTP {response.status_code}: {response.text[:500]}")
-        return response.json()
+            raise _RejectedError(f"HTTP {response.status_code}: {response.text[:500]}")
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise _RetryableError(f"malformed answer, not JSON: {response.text[:200]!r}") from exc
 
     def _one(self, request: GenerationRequest) -> GenerationResult:
         path, body = self._payload(request)
@@ -204,7 +214,15 @@ class OpenAICompatibleBackend(Backend):
         last = ""
         for attempt in range(self.config.max_retries + 1):
             try:
-                return self._parse(request, self._post(path, body))
+                data = self._post(path, body)
+                try:
+                    return self._parse(request, data)
+                except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+                    raise _RetryableError(
+                        f"malformed answer ({type(exc).__name__}: {exc}): {str(data)[:200]}"
+                    ) from exc
+            except _RejectedError as exc:
+                return GenerationResult.failed(str(exc))
             except _RetryableError as exc:
                 last = str(exc)
                 if attempt == self.config.max_retries:
@@ -234,6 +252,8 @@ class OpenAICompatibleBackend(Backend):
             logprobs = choice.get("logprobs") or {}
             pieces = [str(t) for t in logprobs.get("tokens") or []]
             values = list(logprobs.get("token_logprobs") or [])
+        if not isinstance(text, str):
+            raise TypeError(f"the generated text is a {type(text).__name__}, not a string")
         logps = [float("nan") if v is None else float(v) for v in values]
         finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
         ids = self._token_ids(choice, pieces, text)
