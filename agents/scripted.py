@@ -86,7 +86,12 @@ def chunk_terms(terms: Sequence[str], parts: int) -> list[str]:
     return chunks
 
 
-def _expression_of(messages: Sequence[Mapping[str, Any]]) -> str:
+def expression_of(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The expression of the first user message's ``Calculate the value of <expression>.``
+
+    Raises:
+        ValueError: the message has no such prompt.
+    """
     user = next(m["content"] for m in messages if m["role"] == "user")
     found = _PROMPT.search(user)
     if found is None:
@@ -114,7 +119,7 @@ class ScriptedMonolithic(ScriptedAgent):
 
     def act(self, observation: Mapping[str, Any], info: Mapping[str, Any]) -> Action:
         """``Return`` the exact value of the context's expression."""
-        return Return(str(evaluate_expression(_expression_of(info["messages"]))))
+        return Return(str(evaluate_expression(expression_of(info["messages"]))))
 
 
 @dataclass
@@ -135,7 +140,7 @@ class ScriptedDelegator(ScriptedAgent):
         messages = info["messages"]
         if messages[-1]["role"] == "tool":
             return Return(str(self._sum_answers(messages[-1]["content"])))
-        expression = _expression_of(messages)
+        expression = expression_of(messages)
         terms = top_level_terms(expression)
         if not info["tools"] or len(terms) < 2:
             return Return(str(evaluate_expression(expression)))

