@@ -9,7 +9,7 @@ capped at 1024 tokens.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 
 @dataclass(frozen=True)
@@ -115,5 +115,4 @@ class Ledger:
 
     def meters(self) -> dict[str, int]:
         """The meters as a plain dictionary, in :data:`METER_NAMES` order."""
-        values = asdict(self)
-        return {name: values[name] for name in METER_NAMES}
+        return {name: getattr(self, name) for name in METER_NAMES}

@@ -25,10 +25,11 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from selfcest_env import END_REASONS, EnvConfig, Limits, SelfCestEnv
+from selfcest_env import END_REASONS, EnvConfig, Limits, SelfCestEnv, Turn
 from selfcest_env.results import encode_episode_line, validate_episode
 from selfcest_env.rollout import ActionFailure, EpisodeSpec, run_episodes
 from selfcest_env.tasks.base import TaskInstance
@@ -229,3 +230,42 @@ def test_megabyte_turns_are_cut_to_the_limits(limits: Limits, text: str, batch: 
     check_step(env, limits, obs, info)
     if terminated or truncated:
         check_final(env, reward, terminated, truncated, info)
+
+
+# ------------------------------------------------------------------------------ found examples
+
+
+def test_a_bad_entry_in_step_many_changes_nothing() -> None:
+    """Found by the fuzzer: ``step_many`` applied the entries before a bad one, then raised,
+    leaving the episode half-stepped."""
+    env = SelfCestEnv(TASKS, EnvConfig(limits=Limits(max_clones_per_call=2)))
+    env.reset(options={"index": 0})
+    env.step('<tool_call>{"name": "spawn_clone", "arguments": {"objectives": ["a", "b"]}}')
+    before = env.trace()
+    with pytest.raises(TypeError, match="not int"):
+        env.step_many({1: "Answer: 1", 2: 42})  # type: ignore[dict-item]
+    assert env.trace() == before and sorted(env.runnable()) == [1, 2]
+
+
+def test_mismatched_logprobs_and_surrogate_answers_reach_a_valid_record() -> None:
+    """Found by the fuzzer: logprobs of the wrong length raised ValueError out of ``step``, and
+    a lone surrogate in an answer made the episode record unencodable."""
+    env = SelfCestEnv(TASKS)
+    env.reset(options={"index": 0})
+    _, reward, terminated, _, info = env.step(
+        Turn("Answer: 17\ud800", token_ids=[1, 2, 3], logprobs=[-0.1])
+    )
+    assert terminated and info["answer"] == "17\ufffd"
+    assert info["trace"]["contexts"][0]["turns"][0]["logprobs"] is None
+    record = {
+        "episode": 0,
+        "task_id": info["task_id"],
+        "seed": 0,
+        "correct": info["correct"],
+        "score": info["score"],
+        "reward": reward,
+        "end_reason": info["end_reason"],
+        "answer": info["answer"],
+        "meters": {**info["meters"], "wall_time_s": 0.0},
+    }
+    assert json.loads(encode_episode_line(validate_episode(record)))["answer"] == "17\ufffd"
