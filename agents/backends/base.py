@@ -11,7 +11,11 @@ Stop strings: generation stops at the token that *completes* a stop string; the 
 kept up to and including that token and the text is their decoding, so the text ends with the
 stop string (plus whatever else that last token spelled). Text and ids therefore always agree and
 the ledger charges exactly the tokens that were sampled. An end-of-sequence token is kept in
-``token_ids`` (it was sampled and costs a token) but decodes to nothing.
+``token_ids`` (it was sampled and costs a token) but decodes to nothing. The transformers and
+vLLM backends, and the OpenAI-compatible backend on a vLLM server, keep this convention; on a
+server that cuts the stop string and reports only token strings (llama.cpp's), the text ends
+before the stop string and its token is neither in ``token_ids`` nor charged (see
+:mod:`.openai_backend`). In every case ``finish_reason`` is ``"stop"``.
 
 One failed request never raises out of :meth:`Backend.generate`: its result has
 ``finish_reason="error"`` and ``error`` says why.

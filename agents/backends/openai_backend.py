@@ -22,8 +22,12 @@ Token ids, in order of preference:
 3. without a local tokenizer ``token_ids`` and ``logprobs`` stay empty (pass one for exact
    ledger counts).
 
-Stop strings are applied by the server, which (unlike the local backends) leaves the stop string
-out of the text.
+Stop strings are applied by the server. The shared convention of :mod:`.base` (the stop string
+and the token that completed it are kept) holds on vLLM servers: with ``vllm_token_ids=True``
+the backend also sends vLLM's ``include_stop_str_in_output`` when a request has stop strings,
+and the token ids come from the server. Servers that cut the stop string and report only token
+strings (llama.cpp's) differ: the text ends *before* the stop string and the token ids, rebuilt
+from what the server returned, leave the completing token out (it is not charged).
 """
 
 from __future__ import annotations
@@ -174,6 +178,8 @@ class OpenAICompatibleBackend(Backend):
         if self.config.vllm_token_ids:
             body["return_token_ids"] = True
             body["return_tokens_as_token_ids"] = True
+            if request.stop:
+                body["include_stop_str_in_output"] = True
         if request.messages is not None:
             path = "/chat/completions"
             body["messages"] = request.messages
