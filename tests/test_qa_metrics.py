@@ -7,6 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from selfcest_env.tasks.qa.metrics import (
+    CONTAINS_MAX_WORDS,
+    contains_match,
     exact_match,
     f1,
     f1_precision_recall,
@@ -97,6 +99,48 @@ def test_grade_qa_marker_aliases_and_f1() -> None:
     g = grade_qa("Ana Lisk Jr", "Ana Lisk")
     assert not g.correct and g.score == 0.0
     assert g.details["f1"] == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize(
+    ("prediction", "golds", "expected"),
+    [
+        ("The Letter of Stind was released in 2011.", "2011", 1.0),
+        ("It is headquartered in Vimbelwick, a small village.", "Vimbelwick", 1.0),
+        ("Produced by Ciast Media.", ["Ciast Media Group", "Ciast Media"], 1.0),
+        ("The population is 717,626.", "717626", 1.0),  # punctuation goes before matching
+        ("Released in 20110.", "2011", 0.0),  # whole words only
+        ("Ciast produced it, not Media.", "Ciast Media", 0.0),  # a run of words, in order
+        ("The film was directed by Pein Kreez.", "Fraerk Films", 0.0),
+        ("", "2011", 0.0),
+        # a pasted paragraph: the gold is in it, but 20 words are not an answer
+        (
+            "The Canyon of Caestserk is a western film released in 1979. It was produced by "
+            "Fraerk Films. The film runs for 93 minutes.",
+            "1979",
+            0.0,
+        ),
+    ],
+)
+def test_contains_match(prediction: str, golds: str | list[str], expected: float) -> None:
+    assert contains_match(prediction, golds) == expected
+
+
+def test_contains_match_word_cap() -> None:
+    words = ["word"] * (CONTAINS_MAX_WORDS - 1)
+    assert contains_match(" ".join([*words, "1987"]), "1987") == 1.0
+    assert contains_match(" ".join([*words, "more", "1987"]), "1987") == 0.0
+    assert contains_match(" ".join([*words, "more", "1987"]), "1987", max_words=20) == 1.0
+
+
+def test_grade_qa_match_modes() -> None:
+    sentence = "The Letter of Stind was released in 2011."
+    exact = grade_qa(sentence, "2011")
+    assert not exact.correct and exact.details["contains"] == 1.0
+    lenient = grade_qa(sentence, "2011", match="contains")
+    assert lenient.correct and lenient.score == 1.0 and lenient.details["exact_match"] == 0.0
+    assert grade_qa("Answer: 2011", "2011", match="contains").correct
+    with pytest.raises(ValueError, match="choose one of exact, contains"):
+        grade_qa("2011", "2011", match="fuzzy")
 
 
 @settings(max_examples=300, deadline=None)

@@ -51,6 +51,35 @@ def test_config_validation() -> None:
     with pytest.raises(TypeError, match="unknown SyntheticQAConfig fields"):
         SyntheticQATask(colour="red")
     assert SyntheticQAConfig(hops=3, question_types="inference").combos() == [("inference", 3)]
+    with pytest.raises(ValueError, match="no question type among .* supports hops"):
+        SyntheticQAConfig(question_types=("inference",), hops=(1,))
+
+
+def test_presets() -> None:
+    assert SyntheticQAConfig.presets() == ("default", "easy")
+    assert SyntheticQATask(preset="default").config == SyntheticQATask().config
+    easy = SyntheticQATask(preset="easy", seed=2)
+    assert easy.config.seed == 2 and easy.config.preset_name == "easy"
+    for index in range(30):
+        inst = easy.get("test", index)
+        assert (inst.metadata["type"], inst.metadata["hops"]) == ("compositional", 1)
+        assert easy.grade(inst, f"It is {inst.answer}, as the paragraph says.").correct
+        (paragraph,) = inst.context  # the one supporting paragraph, no distractor
+        answer = solve(inst.prompt, {paragraph.key: paragraph.text})
+        assert easy.grade(inst, answer or "").correct
+    assert (
+        make_qa_source("synthetic", preset="easy", num_distractors=1)
+        .get("test", 0)
+        .metadata["num_paragraphs"]
+        == 2
+    )
+    with pytest.raises(ValueError, match="choose one of default, easy"):
+        SyntheticQATask(preset="hard")
+    assert not SyntheticQATask().grade(inst, f"It is {inst.answer}, as the paragraph says.").correct
+    with pytest.raises(ValueError, match="match must be one of exact, contains"):
+        SyntheticQAConfig(match="fuzzy")
+    with pytest.raises(ValueError, match="either config= or preset="):
+        SyntheticQATask(SyntheticQAConfig(), preset="easy")
 
 
 def test_source_protocol() -> None:

@@ -33,7 +33,18 @@ from collections.abc import Iterable
 
 from ..base import Grade
 
-__all__ = ["exact_match", "f1", "f1_precision_recall", "grade_qa", "normalize_answer"]
+__all__ = [
+    "CONTAINS_MAX_WORDS",
+    "MATCH_MODES",
+    "contains_match",
+    "exact_match",
+    "f1",
+    "f1_precision_recall",
+    "grade_qa",
+    "graded_text",
+    "normalize_answer",
+    "qa_answer_key",
+]
 
 _ASCII_PUNCT = frozenset(string.punctuation)
 _DROP_ASCII = str.maketrans("", "", string.punctuation)
@@ -93,18 +104,71 @@ def f1(prediction: str, golds: str | Iterable[str]) -> float:
     return max(f1_precision_recall(prediction, g)[0] for g in _golds(golds))
 
 
-def grade_qa(answer: str, gold: str, aliases: Iterable[str] = ()) -> Grade:
-    """Exact match after normalisation over ``gold`` and ``aliases``; token F1 in the details.
+def graded_text(answer: str) -> str:
+    """The part of ``answer`` that :func:`grade_qa` grades: the text after the last ``Answer:``
+    marker (the whole answer when there is none), stripped."""
+    marker = answer.rfind("Answer:")
+    return (answer[marker + len("Answer:") :] if marker >= 0 else answer).strip()
+
+
+def qa_answer_key(answer: str) -> str | None:
+    """``answer`` as :func:`grade_qa` compares it: its graded text, normalised (``None`` when
+    that is empty). Answers with equal keys get the same grade in either match mode."""
+    return normalize_answer(graded_text(answer)) or None
+
+
+#: Longest answer, in normalised words, that :func:`contains_match` accepts.
+CONTAINS_MAX_WORDS = 12
+
+#: How :func:`grade_qa` scores: ``"exact"`` (exact match) or ``"contains"`` (also
+#: :func:`contains_match`).
+MATCH_MODES: tuple[str, ...] = ("exact", "contains")
+
+
+def contains_match(
+    prediction: str, golds: str | Iterable[str], max_words: int = CONTAINS_MAX_WORDS
+) -> float:
+    """1.0 if a normalised gold answer appears as a run of whole words in the normalised
+    ``prediction`` and the prediction has at most ``max_words`` words, else 0.0.
+
+    The multi-document QA accuracy of Liu et al. ("Lost in the Middle", 2023: is a correct
+    answer in the output?), which credits a sentence such as "The film was released in 2011."
+    for the gold "2011"; the word cap keeps a pasted paragraph from counting.
+    """
+    words = normalize_answer(prediction).split()
+    if not words or len(words) > max_words:
+        return 0.0
+    for gold in _golds(golds):
+        span = normalize_answer(gold).split()
+        width = len(span)
+        if span and any(words[i : i + width] == span for i in range(len(words) - width + 1)):
+            return 1.0
+    return 0.0
+
+
+def grade_qa(answer: str, gold: str, aliases: Iterable[str] = (), match: str = "exact") -> Grade:
+    """Exact match after normalisation over ``gold`` and ``aliases`` (with ``match="contains"``
+    a :func:`contains_match` counts too); exact match, containment and token F1 in the details.
 
     If ``answer`` contains an ``Answer:`` marker only the text after the last one is graded.
+
+    Raises:
+        ValueError: ``match`` is not one of :data:`MATCH_MODES`.
     """
+    if match not in MATCH_MODES:
+        raise ValueError(f"unknown match mode {match!r}; choose one of {', '.join(MATCH_MODES)}")
     golds = [gold, *aliases]
-    marker = answer.rfind("Answer:")
-    text = answer[marker + len("Answer:") :] if marker >= 0 else answer
-    text = text.strip()
+    text = graded_text(answer)
     em = exact_match(text, golds)
+    contained = contains_match(text, golds)
+    score = em if match == "exact" else max(em, contained)
     return Grade(
-        score=em,
-        correct=em == 1.0,
-        details={"exact_match": em, "f1": f1(text, golds), "normalized": normalize_answer(text)},
+        score=score,
+        correct=score == 1.0,
+        details={
+            "exact_match": em,
+            "contains": contained,
+            "f1": f1(text, golds),
+            "normalized": normalize_answer(text),
+        },
     )

@@ -6,7 +6,8 @@ films, linked by relations (``director``, ``producer``, ``founder``, ``hq``, ``b
 ``founded``, ``population``). Every entity that enters the context is rendered as one natural
 paragraph whose title is the entity's name. Questions follow the 2WikiMultihopQA types:
 
-* ``compositional`` (2-4 hops): a chain of relations, "Where was the director of X born?";
+* ``compositional`` (1-4 hops): a chain of relations, "Where was the director of X born?" (one
+  hop: a single fact, "Where was X born?");
 * ``inference`` (2-4 hops): kinship chains, "Who is the maternal grandfather of X?";
 * ``comparison`` (2-4 hops): compare one value of 2-4 entities, "Which film came out first, X
   or Y?";
@@ -19,6 +20,12 @@ one paragraph that has to be read. Distractor paragraphs are other entities of t
 the whole context (titles plus texts, counted with a token counter, by default
 :class:`~selfcest_env.tokens.OfflineTokenCounter`) is within ``context_tolerance`` (5%) of
 ``context_tokens``.
+
+Presets (``preset=``, :meth:`SyntheticQAConfig.preset`): ``default`` (the field defaults: 2-4
+hops, every question type, 8 distractors, exact match) and ``easy`` (one-hop compositional
+questions, a single fact in a single paragraph, no distractors, and ``match="contains"``: the
+135M default model answers in whole sentences, "X was released in 2011.", which exact match
+scores 0 even when right).
 
 Determinism and splits: instance ``i`` of a split is built from a seed that is a stable hash of
 ``(seed, split, i)``. Every entity name is assigned to one split by a stable hash of its
@@ -41,7 +48,7 @@ from typing import Any
 
 from ..base import ContextItem, Grade, TaskInstance, TaskSource, check_split
 from ..hashing import stable_hash64, stable_unit
-from .metrics import grade_qa, normalize_answer
+from .metrics import MATCH_MODES, grade_qa, normalize_answer
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +63,7 @@ __all__ = [
 QUESTION_TYPES: tuple[str, ...] = ("compositional", "comparison", "inference", "bridge_comparison")
 #: Hop counts (supporting paragraphs) each question type can be generated with.
 TYPE_HOPS: Mapping[str, tuple[int, ...]] = {
-    "compositional": (2, 3, 4),
+    "compositional": (1, 2, 3, 4),
     "comparison": (2, 3, 4),
     "inference": (2, 3, 4),
     "bridge_comparison": (4,),
@@ -74,7 +81,7 @@ class SyntheticQAConfig:
     """Settings of :class:`SyntheticQATask`.
 
     Attributes:
-        hops: Allowed hop counts (supporting paragraphs), each in 2..4.
+        hops: Allowed hop counts (supporting paragraphs), each in 1..4 (1: compositional only).
         question_types: Allowed types among :data:`QUESTION_TYPES`; each instance draws one
             (type, hops) pair uniformly among those the type supports (:data:`TYPE_HOPS`).
         num_distractors: Distractor paragraphs per instance when ``context_tokens`` is ``None``.
@@ -83,6 +90,9 @@ class SyntheticQAConfig:
         context_tolerance: Relative tolerance of ``context_tokens`` (0.05 = ±5%).
         seed: Base seed; instance ``i`` of a split uses a stable hash of (seed, split, i).
         surname_alias: Accept a person's surname alone as an alias of their full name.
+        match: ``"exact"`` (SQuAD exact match) or ``"contains"`` (also a short answer that
+            contains a gold answer, :func:`~selfcest_env.tasks.qa.metrics.contains_match`).
+        preset_name: Name of the preset the config came from (informational).
     """
 
     hops: tuple[int, ...] = (2, 3, 4)
@@ -92,6 +102,22 @@ class SyntheticQAConfig:
     context_tolerance: float = 0.05
     seed: int = 0
     surname_alias: bool = True
+    match: str = "exact"
+    preset_name: str = "default"
+
+    @classmethod
+    def presets(cls) -> tuple[str, ...]:
+        """Names accepted by :meth:`preset`."""
+        return tuple(_PRESETS)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> SyntheticQAConfig:
+        """The config of preset ``name`` (see the module docstring), ``overrides`` applied."""
+        if name not in _PRESETS:
+            raise ValueError(
+                f"unknown synthetic QA preset {name!r}; choose one of {', '.join(_PRESETS)}"
+            )
+        return cls(**{**_PRESETS[name], "preset_name": name, **overrides})
 
     def __post_init__(self) -> None:
         hops = (self.hops,) if isinstance(self.hops, int) else tuple(self.hops)
@@ -102,9 +128,9 @@ class SyntheticQAConfig:
         )
         object.__setattr__(self, "hops", hops)
         object.__setattr__(self, "question_types", types)
-        bad_hops = [h for h in hops if h not in (2, 3, 4)]
+        bad_hops = [h for h in hops if h not in (1, 2, 3, 4)]
         if not hops or bad_hops:
-            raise ValueError(f"hops must be a non-empty selection of 2, 3, 4; got {hops}")
+            raise ValueError(f"hops must be a non-empty selection of 1, 2, 3, 4; got {hops}")
         bad_types = [t for t in types if t not in QUESTION_TYPES]
         if not types or bad_types:
             raise ValueError(
@@ -119,12 +145,25 @@ class SyntheticQAConfig:
             raise ValueError(f"num_distractors must be >= 0, got {self.num_distractors}")
         if self.context_tokens is not None and self.context_tokens < 200:
             raise ValueError(f"context_tokens must be >= 200, got {self.context_tokens}")
+        if self.match not in MATCH_MODES:
+            raise ValueError(f"match must be one of {', '.join(MATCH_MODES)}; got {self.match!r}")
         if not 0.0 < self.context_tolerance < 0.5:
             raise ValueError(f"context_tolerance must be in (0, 0.5), got {self.context_tolerance}")
 
     def combos(self) -> list[tuple[str, int]]:
         """The (question type, hops) pairs this configuration draws from."""
         return [(t, h) for t in self.question_types for h in TYPE_HOPS[t] if h in self.hops]
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "easy": {
+        "hops": (1,),
+        "question_types": ("compositional",),
+        "num_distractors": 0,
+        "match": "contains",
+    },
+}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -817,6 +856,7 @@ class SyntheticQATask(TaskSource):
 
     Args:
         config: A :class:`SyntheticQAConfig`; keyword arguments override its fields.
+        preset: A preset name (:meth:`SyntheticQAConfig.preset`), instead of ``config``.
         token_counter: Counts context tokens for ``context_tokens`` (default: the offline
             counter of :mod:`selfcest_env.tokens`).
     """
@@ -828,10 +868,13 @@ class SyntheticQATask(TaskSource):
         self,
         config: SyntheticQAConfig | None = None,
         *,
+        preset: str | None = None,
         token_counter: Any | None = None,
         **overrides: Any,
     ) -> None:
-        base = config or SyntheticQAConfig()
+        if config is not None and preset is not None:
+            raise ValueError("pass either config= or preset=, not both")
+        base = config or SyntheticQAConfig.preset(preset or "default")
         unknown = sorted(set(overrides) - set(SyntheticQAConfig.__dataclass_fields__))
         if unknown:
             raise TypeError(
@@ -942,8 +985,9 @@ class SyntheticQATask(TaskSource):
                 return name
 
     def grade(self, instance: TaskInstance, answer: str) -> Grade:
-        """Normalised exact match (score) over the answer and its aliases; F1 in the details."""
-        return grade_qa(answer, instance.answer, instance.aliases)
+        """Normalised exact match (or containment, with ``match="contains"``) over the answer
+        and its aliases; F1 in the details."""
+        return grade_qa(answer, instance.answer, instance.aliases, self.config.match)
 
 
 # ----------------------------------------------------------------------------------------------
