@@ -8,7 +8,7 @@ name                        backend   options (defaults)
 ==========================  ========  =====================================================
 ``monolithic``              yes       sampling options (``temperature=0.0``)
 ``clone-controller``        yes       sampling options (``temperature=0.0``), ``max_depth=1``
-``self-consistency``        yes       sampling options (``temperature=0.7``), ``k=4``
+``self-consistency``        yes       sampling options (``temperature=0.3``), ``k=4``
 ``tree-of-thoughts``        yes       sampling options (``temperature=0.7``), ``breadth=2``,
                                       ``samples=2``, ``steps=1``
 ``scripted-monolithic``     no        none
@@ -102,7 +102,7 @@ AGENTS: dict[str, AgentInfo] = {
             "self-consistency",
             True,
             (*SAMPLING_OPTIONS, "k"),
-            {"temperature": 0.7, "k": 4},
+            {"temperature": 0.3, "k": 4},
             "k sampled clones on the whole task, majority vote (k=4)",
         ),
         AgentInfo(

@@ -106,7 +106,7 @@ class TreeOfThoughtsAgent(Agent):
             "max_clones_per_call": width,
             "max_turns": 2 * c.steps + 1,
             "max_contexts": 1 + 2 * c.steps * width,
-            "prompts": PromptConfig(message_chars=320 * width),
+            "prompts": PromptConfig().with_room_for(width, turns=2 * c.steps + 1),
         }
 
     def config_dict(self) -> dict[str, Any]:

@@ -30,12 +30,13 @@ METERS = ("gen_tokens", "prompt_tokens", "critical_path_tokens", "peak_context_t
 def bundled_agents(backend: TransformersBackend, max_new_tokens: int) -> list[Agent]:
     """The four bundled agents with small, CPU-friendly settings."""
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens)
-    sampled = SamplingConfig(temperature=0.7, max_new_tokens=max_new_tokens, seed=1)
+    votes = SamplingConfig(temperature=0.3, max_new_tokens=max_new_tokens, seed=1)
+    search = SamplingConfig(temperature=0.7, max_new_tokens=max_new_tokens, seed=1)
     return [
         MonolithicAgent(backend, greedy),
         CloneControllerAgent(backend, greedy),
-        SelfConsistencyAgent(backend, k=4, sampling=sampled),
-        TreeOfThoughtsAgent(backend, TreeOfThoughtsConfig(breadth=2, samples=2, steps=1), sampled),
+        SelfConsistencyAgent(backend, k=4, sampling=votes),
+        TreeOfThoughtsAgent(backend, TreeOfThoughtsConfig(breadth=2, samples=2, steps=1), search),
     ]
 
 
@@ -43,14 +44,14 @@ def main() -> None:
     """Parse arguments, run every agent, print one row per agent."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="SelfCest-Math-v0")
-    parser.add_argument("--preset", default="easy", help="arithmetic preset (math env only)")
+    parser.add_argument("--preset", default="easy", help="task preset (arithmetic or synthetic QA)")
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--split", default="test")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     backend = TransformersBackend(batch_size=8)
-    source_kwargs = {"preset": args.preset} if args.env == "SelfCest-Math-v0" else {}
+    source_kwargs = {"preset": args.preset}
     print(f"{'agent':18} {'acc':>5} " + " ".join(f"{m:>21}" for m in METERS))
     for agent in bundled_agents(backend, args.max_new_tokens):
 

@@ -7,7 +7,7 @@ without touching the environment.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from selfcest_env.protocol import TOOL_NAME
@@ -88,6 +88,13 @@ class PromptConfig:
     clone_spawn_note: str = CLONE_SPAWN_NOTE
     answer_chars: int = 256
     message_chars: int = 512
+
+    def with_room_for(self, answers: int, turns: int = 1) -> PromptConfig:
+        """This configuration with ``message_chars`` raised (never lowered) so that a tool
+        message of ``answers`` full-length answer lines, labelled up to ``turn<turns>``, is
+        never cut: for agents whose program reads every clone's answer (a vote, a search)."""
+        line = len(f"turn{turns}_clone{answers}: ") + self.answer_chars + 1
+        return replace(self, message_chars=max(self.message_chars, answers * line))
 
 
 def render_paragraphs(keys: Sequence[str], paragraphs: Mapping[str, str]) -> str:

@@ -17,6 +17,9 @@ SPLITS: tuple[str, ...] = ("train", "dev", "test")
 
 Domain = Literal["math", "qa"]
 
+#: How a source's grader reads an answer (see :func:`selfcest_env.tasks.answers.answer_key`).
+AnswerType = Literal["integer", "math", "text"]
+
 
 @dataclass(frozen=True)
 class ContextItem:
@@ -63,6 +66,12 @@ class TaskSource(abc.ABC):
     name: str = "task"
     #: ``"math"`` or ``"qa"``.
     domain: Domain = "math"
+    #: How :meth:`grade` reads an answer: ``"integer"`` (the last number of the final answer),
+    #: ``"math"`` (the final answer as a number or math expression) or ``"text"`` (normalised
+    #: text, the QA reading). Agents that compare answers with each other (a majority vote)
+    #: get it as ``info["answer_type"]`` and key answers with
+    #: :func:`~selfcest_env.tasks.answers.answer_key`.
+    answer_type: AnswerType = "text"
 
     @abc.abstractmethod
     def size(self, split: str) -> int | None:

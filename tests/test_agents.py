@@ -70,6 +70,6 @@ def test_vote_and_clone_answer_parsing():
     lines = "turn1_clone1: 42.\nturn1_clone2: failed due to context limit\nerror: x\nt: 42\nu: 7"
     assert clone_answers(lines) == ["42.", None, "42", "7"]
     assert vote(clone_answers(lines)) == "42."
-    assert vote(["a", "b"]) == "a" and vote([None]) == ""
+    assert vote(["x", "y"]) == "x" and vote([None]) == ""
     assert parse_value("I'd say 7/10") == 7.0 and parse_value("99") == 10.0
     assert parse_value("no idea") == 0.0

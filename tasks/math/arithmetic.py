@@ -344,6 +344,7 @@ class ArithmeticTask(SeededSplitSource):
 
     name = "arithmetic"
     domain = "math"
+    answer_type = "integer"
 
     def __init__(
         self,

@@ -54,6 +54,7 @@ class ChampTask(TaskSource):
 
     name = "champ"
     domain = "math"
+    answer_type = "math"
 
     def __init__(
         self,

@@ -157,6 +157,7 @@ class CountdownTask(SeededSplitSource):
 
     name = "countdown"
     domain = "math"
+    answer_type = "math"
 
     def __init__(
         self, config: CountdownConfig | None = None, *, seed: int = 0, **overrides: Any

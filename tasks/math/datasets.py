@@ -161,6 +161,7 @@ class DatasetMathSource(DatasetSource):
 
     name = "math_dataset"
     domain = "math"
+    answer_type = "math"
     dev_salt = "selfcest-dev"
     missing_split_hint = (
         "Pass path= with a file for that split (or a mapping {split: file}), or split_map= to "

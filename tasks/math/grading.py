@@ -236,6 +236,25 @@ def grade_integer(answer: str, gold: str | int) -> Grade:
     )
 
 
+def integer_answer_key(answer: str) -> str | None:
+    """``answer`` as :func:`grade_integer` reads it: the exact value of the last number of its
+    final answer (``"3"`` for ``"2 + 1 = 3."``); ``None`` when it has no number (never correct)."""
+    hit = last_number(extract(answer).text)
+    return None if hit is None else _fmt(hit[1])
+
+
+def math_answer_key(answer: str) -> str | None:
+    """``answer`` as :func:`grade_math` reads it: the exact value of its final answer when that
+    is a plain number (a trailing unit word dropped), else the final answer without white space;
+    ``None`` when there is none. Spellings that only ``math_verify`` finds equivalent
+    (``\\frac{1}{2}`` and ``0.5``) keep different keys."""
+    text = extract(answer).text
+    value = parse_number(_strip_text_units(text))
+    if value is not None:
+        return _fmt(value)
+    return "".join(text.split()) or None
+
+
 # --------------------------------------------------------------------------------------------
 # math-verify under a hard deadline
 # --------------------------------------------------------------------------------------------
