@@ -51,11 +51,13 @@ __all__ = [
     "LEADERBOARD_DTYPES",
     "METER_LABELS",
     "PARETO_METERS",
+    "budget_texts",
     "build_leaderboard",
     "build_leaderboard_rows",
     "find_run_dirs",
     "format_tokens",
     "pareto_flags",
+    "place_point_labels",
     "plot_leaderboard",
     "read_leaderboard_csv",
     "run_row",
@@ -364,7 +366,9 @@ def plot_leaderboard(
     ``<env>__<source>__<split>__<meter>.<fmt>`` in ``out_dir``. Log x axis (symmetric log when a
     cost is 0); one marker and colour per agent (the same across figures, legend outside on the
     right); the Pareto frontier of the group as a dashed step line; each point labelled with
-    its budget. Returns the paths written.
+    its budget in the agent's colour, shortened to the values that vary (:func:`budget_texts`,
+    the title names them) and placed clear of other labels and markers
+    (:func:`place_point_labels`). Returns the paths written.
     """
     import matplotlib
 
@@ -446,8 +450,6 @@ def _plot_one(
             label="Pareto frontier",
             zorder=2,
         )
-    if label_points:
-        _label_budgets(ax, group, col)
     if (costs > 0).all():
         ax.set_xscale("log")
         scale = "log scale"
@@ -460,7 +462,7 @@ def _plot_one(
     ax.set_xlabel(f"{METER_LABELS.get(meter, meter)}, {scale}")
     ax.set_ylabel("accuracy (fraction correct, 95% Wilson CI)")
     env_id, source, split = key
-    ax.set_title(f"{env_id} · {source} · {split}\naccuracy vs {meter}", fontsize=11)
+    title = f"{env_id} · {source} · {split}\naccuracy vs {meter}"
     ax.grid(True, which="major", alpha=0.4)
     ax.grid(True, which="minor", alpha=0.15)
     handles, labels = ax.get_legend_handles_labels()
@@ -475,27 +477,142 @@ def _plot_one(
         frameon=False,
         fontsize=9,
     )
+    caption = None
+    if label_points:
+        colours = {agent: colour for agent, (colour, _) in style.items()}
+        caption = _label_budgets(ax, group, col, colours)
+    ax.set_title(title + (f" (points labelled by {caption})" if caption else ""), fontsize=11)
     return fig
 
 
-def _label_budgets(ax: Any, group: pd.DataFrame, col: str) -> None:
-    """Write each point's budget label beside it; points at the same spot share one label."""
-    labels: dict[tuple[float, float], list[str]] = {}
-    for x, y, text in zip(group[col], group["accuracy"], group["budget"], strict=True):
-        names = labels.setdefault((float(x), float(y)), [])
-        if str(text) not in names:
-            names.append(str(text))
-    for (x, y), names in labels.items():
-        ax.annotate(
-            ", ".join(names),
-            (x, y),
-            xytext=(5, 4),
-            textcoords="offset points",
-            fontsize=7,
-            color="0.2",
-            zorder=4,
-            bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.6},
-        )
+def budget_texts(labels: Sequence[str]) -> tuple[list[str], str | None]:
+    """Short point labels for budget labels, and the caption that says what they show.
+
+    When every label is ``key=value,...`` (the form run specs write), each label becomes the
+    values of the keys that differ between labels, joined by ``/`` (``-`` where a label does
+    not set that key), and the caption names those keys and the settings every label shares:
+    ``["max_new_tokens=32", "max_new_tokens=64"]`` -> ``["32", "64"]``, ``"max_new_tokens"``;
+    ``["gen_budget=512,max_new_tokens=64", "max_new_tokens=64"]`` -> ``["512", "-"]``,
+    ``"gen_budget (all max_new_tokens=64)"``. Other labels stay as they are, without a caption.
+    """
+    parsed: list[dict[str, str]] = []
+    for label in labels:
+        pairs = [part.partition("=") for part in str(label).split(",")]
+        if not all(key and sep for key, sep, _ in pairs):
+            return [str(label) for label in labels], None
+        parsed.append({key: value for key, _, value in pairs})
+    if not parsed:
+        return [], None
+    keys = sorted({key for pairs in parsed for key in pairs})
+    shared = [k for k in keys if len({pairs.get(k) for pairs in parsed}) == 1]
+    varying = [k for k in keys if k not in shared] or keys
+    texts = ["/".join(pairs.get(k, "-") for k in varying) for pairs in parsed]
+    fixed = ", ".join(f"{k}={parsed[0][k]}" for k in shared if k not in varying)
+    return texts, "/".join(varying) + (f" (all {fixed})" if fixed else "")
+
+
+#: Where a label may go, tried in order: (dx, dy) in points from its point, and its alignment.
+_LABEL_SPOTS: tuple[tuple[float, float, str, str], ...] = (
+    (5, 3, "left", "bottom"),
+    (5, -3, "left", "top"),
+    (-5, 3, "right", "bottom"),
+    (-5, -3, "right", "top"),
+    (0, 7, "center", "bottom"),
+    (0, -7, "center", "top"),
+)
+#: How far out the spots are tried, in turn; labels beyond the first ring get a leader line.
+_LABEL_RINGS: tuple[float, ...] = (1.0, 2.5, 4.0, 5.5)
+
+
+def place_point_labels(
+    ax: Any, points: Sequence[tuple[float, float, str, Any]], marker_points: float = 7.0
+) -> list[Any]:
+    """Write a label beside each ``(x, y, text, colour)`` point so that labels overlap neither
+    each other nor any point's marker, and stay inside the axes where there is room.
+
+    Greedy: points in order of x, each label at the first free spot of :data:`_LABEL_SPOTS`,
+    ring by ring (:data:`_LABEL_RINGS`); a label moved off the first ring is tied to its point
+    by a thin line; where no spot is free, the spot with the least overlap wins. Call it after
+    the axes' scales and limits are final. Returns the annotations.
+    """
+    from matplotlib.transforms import Bbox
+
+    fig = ax.figure
+    ax.set_xlim(ax.get_xlim())  # settle autoscaling: the pixel positions below must hold
+    ax.set_ylim(ax.get_ylim())
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer).padded(-2)  # clear of the axes' frame line
+    radius = marker_points / 2 * fig.dpi / 72
+    centres = ax.transData.transform([(x, y) for x, y, _, _ in points]) if points else []
+    taken = [
+        Bbox.from_bounds(cx - radius, cy - radius, 2 * radius, 2 * radius) for cx, cy in centres
+    ]
+
+    def clash(box: Any) -> float:
+        inside = Bbox.intersection(box, frame)
+        outside = box.width * box.height - (inside.width * inside.height if inside else 0.0)
+        overlaps = (Bbox.intersection(box, other) for other in taken)
+        return outside + sum(o.width * o.height for o in overlaps if o is not None)
+
+    annotations = []
+    for index in sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1])):
+        x, y, text, colour = points[index]
+        best: tuple[float, Any, Any] | None = None
+        for ring, (dx, dy, ha, va) in ((r, s) for r in _LABEL_RINGS for s in _LABEL_SPOTS):
+            note = ax.annotate(
+                text,
+                (x, y),
+                xytext=(dx * ring, dy * ring),
+                textcoords="offset points",
+                ha=ha,
+                va=va,
+                fontsize=7,
+                color=colour,
+                zorder=4,
+                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.75},
+                arrowprops=None
+                if ring == _LABEL_RINGS[0]
+                else {"arrowstyle": "-", "color": colour, "lw": 0.6, "alpha": 0.7},
+            )
+            note.update_positions(renderer)  # place the text, then its white box, and measure
+            note.update_bbox_position_size(renderer)
+            box = note.get_bbox_patch().get_window_extent(renderer)
+            cost = clash(box)
+            if best is None or cost < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (cost, note, box)
+            else:
+                note.remove()
+            if cost == 0:
+                break
+        assert best is not None
+        taken.append(best[2])
+        annotations.append(best[1])
+    return annotations
+
+
+def _label_budgets(
+    ax: Any, group: pd.DataFrame, col: str, colours: Mapping[str, Any]
+) -> str | None:
+    """Label each point with its budget (points at the same spot share one label, in the
+    agent's colour when they are all one agent's); returns the caption of
+    :func:`budget_texts`."""
+    texts, caption = budget_texts(group["budget"].astype(str).tolist())
+    spots: dict[tuple[float, float], tuple[list[str], set[str]]] = {}
+    for x, y, text, agent in zip(group[col], group["accuracy"], texts, group["agent"], strict=True):
+        names, agents = spots.setdefault((float(x), float(y)), ([], set()))
+        if text not in names:
+            names.append(text)
+        agents.add(str(agent))
+    place_point_labels(
+        ax,
+        [
+            (x, y, ", ".join(names), colours[next(iter(agents))] if len(agents) == 1 else "0.2")
+            for (x, y), (names, agents) in spots.items()
+        ],
+    )
+    return caption
 
 
 def format_tokens(value: float) -> str:

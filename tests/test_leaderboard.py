@@ -16,10 +16,12 @@ from selfcest_env.leaderboard import (  # noqa: E402
     LEADERBOARD_COLUMNS,
     LEADERBOARD_DTYPES,
     PARETO_METERS,
+    budget_texts,
     build_leaderboard,
     build_leaderboard_rows,
     format_tokens,
     pareto_flags,
+    place_point_labels,
     plot_leaderboard,
     read_leaderboard_csv,
     wilson_interval,
@@ -278,3 +280,48 @@ def test_format_tokens() -> None:
         "20k",
         "1M",
     ]
+
+
+def test_budget_texts_shorten_labels_to_what_varies() -> None:
+    caps = ["max_new_tokens=32", "max_new_tokens=64", "max_new_tokens=128"]
+    assert budget_texts(caps) == (["32", "64", "128"], "max_new_tokens")
+    mixed = ["gen_budget=512,max_new_tokens=64", "max_new_tokens=64"]
+    assert budget_texts(mixed) == (["512", "-"], "gen_budget (all max_new_tokens=64)")
+    both = ["gen_budget=512,max_new_tokens=64", "max_new_tokens=32"]
+    assert budget_texts(both) == (["512/64", "-/32"], "gen_budget/max_new_tokens")
+    assert budget_texts(["default", "max_new_tokens=8"]) == (["default", "max_new_tokens=8"], None)
+    assert budget_texts([]) == ([], None)
+
+
+def test_point_labels_overlap_neither_each_other_nor_markers() -> None:
+    """A crowded plot: 6 agents x 5 budgets whose costs and accuracies nearly coincide."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.transforms import Bbox
+
+    rng = random.Random(5)
+    points = [
+        (40 * 1.5**b * (1 + 0.1 * a) * rng.uniform(0.95, 1.05), rng.choice([0.2, 0.25, 0.3]))
+        for a in range(6)
+        for b in range(5)
+    ]
+    fig, ax = plt.subplots(figsize=(8.0, 5.0))
+    ax.plot(*zip(*points), "o", markersize=7)
+    ax.set_xscale("log")
+    ax.set_ylim(-0.03, 1.03)
+    notes = place_point_labels(ax, [(x, y, str(2**i), "k") for i, (x, y) in enumerate(points)])
+    fig.canvas.draw()
+    boxes = [note.get_bbox_patch().get_window_extent() for note in notes]  # the white boxes
+    frame = ax.get_window_extent()
+    radius = 3.5 * fig.dpi / 72
+    markers = [
+        Bbox.from_bounds(cx - radius, cy - radius, 2 * radius, 2 * radius)
+        for cx, cy in ax.transData.transform(points)
+    ]
+    assert len(notes) == len(points)
+    for i, box in enumerate(boxes):
+        assert frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1)
+        assert not any(box.overlaps(other) for other in boxes[i + 1 :] + markers)
+    plt.close(fig)
