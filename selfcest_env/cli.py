@@ -36,7 +36,13 @@ from typing import Any, NoReturn
 
 from selfcest_env.registration import MATH_ENV_ID, QA_ENV_ID
 from selfcest_env.results import ResultsError, RunFolder, RunSpec, read_episodes
-from selfcest_env.suites import DEFAULT_SOURCES, SuiteConfig, SuiteError, describe_suite
+from selfcest_env.suites import (
+    DEFAULT_SOURCES,
+    SuiteConfig,
+    SuiteError,
+    describe_suite,
+    split_list,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +82,7 @@ def _agent_names() -> tuple[str, ...]:
 
 def parse_agents(text: str) -> list[str]:
     """``"a,b"`` -> ``["a", "b"]``, every name checked against the agent registry."""
-    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    names = [name.lower() for name in split_list(text)]
     valid = _agent_names()
     if not names:
         raise argparse.ArgumentTypeError(f"no agent given; valid agents: {', '.join(valid)}")
@@ -761,9 +767,9 @@ example:
 """
 
 _EPILOG_SUITE = """\
-built-in suites: quick (4 model agents x {easy arithmetic: 6 episodes, synthetic QA with hops=2
-and 2 distractors: 4 episodes} x per-turn caps 32/64/128 = 24 runs, 120 episodes; estimated
-11-14 minutes on an idle 2-core CPU with the default model, under 20 on a loaded one).
+built-in suites: quick (4 model agents x {easy arithmetic: 8 episodes, easy synthetic QA: 6
+episodes} x per-turn caps 32/64/128 = 24 runs, 168 episodes; estimated at most ~14 minutes with
+the default model on a 2-core CPU shared with other jobs).
 
 suite file (YAML or JSON; a bare list of run entries also works):
   name: my-suite
@@ -928,13 +934,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plot.add_argument(
         "--formats",
-        type=lambda t: [f.strip() for f in t.split(",") if f.strip()],
+        type=split_list,
         default=["png", "svg"],
         help="comma-separated file formats (default: png,svg)",
     )
     plot.add_argument(
         "--meters",
-        type=lambda t: [m.strip() for m in t.split(",") if m.strip()],
+        type=split_list,
         default=None,
         help="comma-separated cost meters (default: gen_tokens, critical_path_tokens, "
         "peak_context_tokens)",

@@ -160,25 +160,24 @@ class SuiteConfig:
 QUICK_MAX_NEW_TOKENS: tuple[int, ...] = (32, 64, 128)
 
 #: Episodes per run of the quick suite (math, QA). See :func:`quick_suite` for the estimate.
-QUICK_EPISODES: tuple[int, int] = (6, 4)
+QUICK_EPISODES: tuple[int, int] = (8, 6)
 
 
 def quick_suite() -> SuiteConfig:
     """The built-in ``quick`` suite: every bundled model agent, two envs, three budgets.
 
-    * ``SelfCest-Math-v0``, ``arithmetic`` with ``preset=easy``, 6 episodes per run;
-    * ``SelfCest-MultiHopQA-v0``, ``synthetic`` with ``hops=2``, ``num_distractors=2``,
-      4 episodes per run;
+    * ``SelfCest-Math-v0``, ``arithmetic`` with ``preset=easy``, 8 episodes per run;
+    * ``SelfCest-MultiHopQA-v0``, ``synthetic`` with ``preset=easy`` (one-hop questions, no
+      distractors, short answers that contain the gold count), 6 episodes per run;
     * agents ``monolithic``, ``clone-controller``, ``self-consistency`` (k=4),
       ``tree-of-thoughts`` (breadth 2, samples 2, steps 1); per-turn caps 32 / 64 / 128.
 
-    24 runs, 120 episodes. Sizing, measured with the default model on a 2-core CPU (shared
-    with other jobs, load ~3): one episode of every run took 348 s in all (157 s math, 191 s
-    QA, one model load included); generated tokens per episode were ~35 (monolithic), ~15
-    (clone controller), 90-290 (self-consistency) and 125-275 (tree of thoughts); 8 episodes
-    at ``parallel=8`` ran ~1.4x faster per episode than one at a time. So ~105 s per math
-    episode index and ~135 s per QA one: 6 + 4 episodes give ~19 min on that loaded machine
-    and an estimated 11-14 min on an idle one.
+    24 runs, 168 episodes. Sizing, measured with the default model on a 2-core CPU shared with
+    other jobs (load ~4): the suite at 4 episodes per run took 7 min 43 s in all, its runs 247 s
+    (math) and 210 s (QA), model load, leaderboard and plots ~6 s. A run keeps all its episodes
+    in flight at once (``parallel=8``), so its time grows at most linearly with its episodes:
+    8 + 6 episodes give at most ~13.6 min on that machine. A fifth agent as costly as the clone
+    controller (81 s of the 457 s at 4 episodes) would add ~2.7 min.
     """
     math_episodes, qa_episodes = QUICK_EPISODES
     return SuiteConfig(
@@ -198,7 +197,7 @@ def quick_suite() -> SuiteConfig:
                 agents=MODEL_AGENTS,
                 max_new_tokens=QUICK_MAX_NEW_TOKENS,
                 episodes=qa_episodes,
-                env_args={"hops": 2, "num_distractors": 2},
+                env_args={"preset": "easy"},
             ),
         ),
     )
@@ -215,11 +214,17 @@ _ENTRY_KEYS = {f.name for f in fields(RunEntry)}
 _SUITE_KEYS = {f.name for f in fields(SuiteConfig)}
 
 
+def split_list(text: str) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``: comma-separated items, stripped, empty ones
+    dropped."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 def _budget_list(value: Any, where: str) -> tuple[Budget, ...]:
     if value is None:
         return (None,)
     if isinstance(value, str):
-        value = [v.strip() for v in value.split(",") if v.strip()]
+        value = split_list(value)
     if not isinstance(value, list | tuple):
         value = [value]
     out: list[Budget] = []
@@ -245,20 +250,27 @@ def _positive_int(value: Any, where: str, minimum: int = 1) -> int:
     return value
 
 
-def _entry(data: Any, where: str) -> RunEntry:
+def _checked_mapping(data: Any, valid: set[str], where: str, what: str) -> Mapping[str, Any]:
+    """``data`` if it is a mapping whose keys are all in ``valid``; else a :class:`SuiteError`
+    that says ``what`` it must be, or which keys are unknown and which are valid."""
     if not isinstance(data, Mapping):
-        raise SuiteError(f"{where}: a run entry must be a mapping, got {type(data).__name__}")
-    unknown = sorted(set(data) - _ENTRY_KEYS)
+        raise SuiteError(f"{where}: {what}, got {type(data).__name__}")
+    unknown = sorted(set(data) - valid)
     if unknown:
         raise SuiteError(
-            f"{where}: unknown key(s) {unknown}; valid keys: {', '.join(sorted(_ENTRY_KEYS))}"
+            f"{where}: unknown key(s) {unknown}; valid keys: {', '.join(sorted(valid))}"
         )
+    return data
+
+
+def _entry(data: Any, where: str) -> RunEntry:
+    data = _checked_mapping(data, _ENTRY_KEYS, where, "a run entry must be a mapping")
     for key in ("env", "agents"):
         if key not in data:
             raise SuiteError(f"{where}: missing key {key!r}")
     agents = data["agents"]
     if isinstance(agents, str):
-        agents = [a.strip() for a in agents.split(",") if a.strip()]
+        agents = split_list(agents)
     if not isinstance(agents, list | tuple) or not agents:
         raise SuiteError(f"{where}: 'agents' must be a non-empty list of agent names")
     env_args = data.get("env_args") or {}
@@ -295,13 +307,9 @@ def suite_from_dict(data: Any, name: str = "suite") -> SuiteConfig:
     """
     if isinstance(data, list):
         data = {"runs": data}
-    if not isinstance(data, Mapping):
-        raise SuiteError(f"{name}: a suite must be a mapping with 'runs' or a list of runs")
-    unknown = sorted(set(data) - _SUITE_KEYS)
-    if unknown:
-        raise SuiteError(
-            f"{name}: unknown key(s) {unknown}; valid keys: {', '.join(sorted(_SUITE_KEYS))}"
-        )
+    data = _checked_mapping(
+        data, _SUITE_KEYS, name, "a suite must be a mapping with 'runs' or a list of runs"
+    )
     runs = data.get("runs")
     if not isinstance(runs, list) or not runs:
         raise SuiteError(f"{name}: 'runs' must be a non-empty list of run entries")
@@ -386,5 +394,6 @@ __all__: Sequence[str] = (
     "describe_suite",
     "load_suite",
     "quick_suite",
+    "split_list",
     "suite_from_dict",
 )
