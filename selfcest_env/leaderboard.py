@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -595,8 +596,8 @@ def place_point_labels(
 def _label_budgets(
     ax: Any, group: pd.DataFrame, col: str, colours: Mapping[str, Any]
 ) -> str | None:
-    """Label each point with its budget (points at the same spot share one label, in the
-    agent's colour when they are all one agent's); returns the caption of
+    """Label each point with its budget (points at the same spot share one label, budgets in
+    numeric order, in the agent's colour when they are all one agent's); returns the caption of
     :func:`budget_texts`."""
     texts, caption = budget_texts(group["budget"].astype(str).tolist())
     spots: dict[tuple[float, float], tuple[list[str], set[str]]] = {}
@@ -608,11 +609,21 @@ def _label_budgets(
     place_point_labels(
         ax,
         [
-            (x, y, ", ".join(names), colours[next(iter(agents))] if len(agents) == 1 else "0.2")
+            (
+                x,
+                y,
+                ", ".join(sorted(names, key=_numbers_first)),
+                colours[next(iter(agents))] if len(agents) == 1 else "0.2",
+            )
             for (x, y), (names, agents) in spots.items()
         ],
     )
     return caption
+
+
+def _numbers_first(text: str) -> list[Any]:
+    """Sort key that orders the digit runs of ``text`` by value (``"32" < "128"``)."""
+    return [int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", text))]
 
 
 def format_tokens(value: float) -> str:
