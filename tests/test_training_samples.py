@@ -133,6 +133,24 @@ def test_hand_made_trace_per_turn_layout(tokenizer):
     assert child.response_ids == clone and all(s.exact for s in (first, second, child))
 
 
+def test_auto_form_falls_back_to_turns_where_a_context_does_not_re_render(tokenizer):
+    trace, (turn1, turn2, clone) = hand_made_trace(tokenizer)
+    # The same text sampled as other ids than the tokenizer's own encoding (split mid-word).
+    split = encode(tokenizer, SPAWN_TEXT[:20]) + encode(tokenizer, SPAWN_TEXT[20:])
+    assert split != encode(tokenizer, SPAWN_TEXT)
+    trace["contexts"][0]["turns"][0]["token_ids"] = split + [tokenizer.eos_token_id]
+    trace["contexts"][0]["turns"][0]["logprobs"] = [-0.5] * (len(split) + 1)
+    whole, child = trace_samples(trace, tokenizer)
+    assert not whole.exact and child.exact
+    first, second, child_auto = trace_samples(trace, tokenizer, form="auto")
+    assert (first.turn, second.turn, child_auto.turn) == (1, 2, None)
+    assert first.response_ids == split + [tokenizer.eos_token_id]
+    assert second.prompt_ids == encode(tokenizer, chatml(trace["contexts"][0]["messages"][:4]))
+    assert child_auto == child
+    untouched, _ = hand_made_trace(tokenizer)
+    assert trace_samples(untouched, tokenizer, form="auto") == trace_samples(untouched, tokenizer)
+
+
 def test_program_turns_are_not_trainable(tokenizer):
     trace, (turn1, turn2, _) = hand_made_trace(tokenizer)
     root, clone = trace["contexts"]

@@ -117,9 +117,10 @@ class RolloutSection:
     max_new_tokens: int = _help("cap per model turn", default=128)
     parallel: int = _help("episodes in flight in the batched driver", default=32)
     batch_size: int = _help("backend generation batch size", default=16)
-    form: Literal["context", "turn"] = _help(
-        "training sample form: one sequence per context or per turn (see samples.py)",
-        default="context",
+    form: Literal["context", "turn", "auto"] = _help(
+        "training sample form: one sequence per context, per turn, or auto (per context where "
+        "its sampled ids re-render exactly, else per turn; see samples.py)",
+        default="auto",
     )
 
 

@@ -31,15 +31,31 @@ logger = logging.getLogger(__name__)
 def scripted_traces(
     make_env: Callable[[], Any], episodes: int, parts: int, seed: int = 0
 ) -> list[dict[str, Any]]:
-    """Traces of ``episodes`` training episodes played by ``ScriptedDelegator(parts)``."""
-    results = run_episodes(
-        make_env,
-        ScriptedDelegator(parts=parts),
-        episode_specs(range(episodes), seed),
-        parallel=64,
-        keep_traces=True,
-        progress=False,
+    """Traces of ``episodes`` training episodes played by ``ScriptedDelegator(parts)``.
+
+    A scripted episode that ends wrong means the env's limits cut it (a turn or context longer
+    than allowed): that is logged as a warning, since the policy would imitate the cut text.
+    """
+    results = list(
+        run_episodes(
+            make_env,
+            ScriptedDelegator(parts=parts),
+            episode_specs(range(episodes), seed),
+            parallel=64,
+            keep_traces=True,
+            progress=False,
+        )
     )
+    wrong = sum(not result.correct for result in results)
+    if wrong:
+        reasons = sorted({result.end_reason for result in results if not result.correct})
+        logger.warning(
+            "%d of %d scripted episodes ended wrong (%s): are the env limits too tight for the "
+            "scripted delegation?",
+            wrong,
+            len(results),
+            ", ".join(reasons),
+        )
     return [result.trace for result in results if result.trace is not None]
 
 

@@ -3,7 +3,7 @@
 An episode's trace (``info["trace"]`` at its end, or ``EpisodeResult.trace`` with
 ``keep_traces=True``) holds every context's chat messages and, for model-written turns, the
 sampled token ids and their logprobs. :func:`trace_samples` turns it into :class:`Sample` rows in
-one of two forms.
+one of three forms.
 
 **Per-context form** (``form="context"``, one sample per context with a trainable turn)::
 
@@ -29,6 +29,10 @@ sampled ids are kept all the same, since they are what the old logprobs belong t
 
 Per-turn samples are always ``exact``; they repeat each context's prefix once per turn.
 
+**Auto form** (``form="auto"``): the per-context sample where it is ``exact``, the per-turn
+samples of that context where it is not, so every trained token is scored in exactly the context
+it was sampled in (what a PPO ratio needs) at the per-context cost wherever possible.
+
 **Trainable turns.** A turn is trainable when it carries sampled token ids. A turn with empty ids
 is a program turn (an agent's vote or search result, :data:`~selfcest_env.agents.base.PROGRAM_TURN`)
 and a turn without ids came from a text action; neither is trainable, and in the per-context form
@@ -53,7 +57,10 @@ from typing import Any, Literal
 from selfcest_env.agents.backends.base import chat_prompt_ids, render_chat_text
 from selfcest_env.prompts import spawn_clone_schema
 
-SampleForm = Literal["context", "turn"]
+SampleForm = Literal["context", "turn", "auto"]
+
+#: The sample forms, in the order the docs list them.
+SAMPLE_FORMS: tuple[str, ...] = ("context", "turn", "auto")
 
 #: ``parent_id`` of a root context.
 NO_PARENT = -1
@@ -128,7 +135,8 @@ def trace_samples(
     Args:
         trace: ``info["trace"]`` of a finished episode.
         tokenizer: The policy's Hugging Face tokenizer (with a chat template).
-        form: ``"context"`` (one sample per context) or ``"turn"`` (one per trainable turn).
+        form: ``"context"`` (one sample per context), ``"turn"`` (one per trainable turn) or
+            ``"auto"`` (per context where exact, else per turn).
         episode: The rollout's id, copied into every sample.
         group: The task's id (rollouts of one task share it), copied into every sample.
         teacher_forcing: Train on turns written without sampled ids (imitation).
@@ -137,8 +145,8 @@ def trace_samples(
         ValueError: unknown ``form``, an unfinished trace (a context without a reward), or a
             context whose assistant messages do not match its turns.
     """
-    if form not in ("context", "turn"):
-        raise ValueError(f"form must be 'context' or 'turn', got {form!r}")
+    if form not in SAMPLE_FORMS:
+        raise ValueError(f"form must be one of {', '.join(SAMPLE_FORMS)}; got {form!r}")
     contexts = trace["contexts"]
     if not contexts:
         return []
@@ -160,8 +168,12 @@ def trace_samples(
         }
         if form == "turn":
             samples.extend(_turn_samples(segments, common))
+            continue
+        whole = _context_sample(segments, tokenizer, common)
+        if form == "auto" and not whole.exact:
+            samples.extend(_turn_samples(segments, common))
         else:
-            samples.append(_context_sample(segments, tokenizer, common))
+            samples.append(whole)
     return samples
 
 

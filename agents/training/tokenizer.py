@@ -3,8 +3,10 @@
 Byte-level BPE (``tokenizers``) trained on the task's own text: the ChatML renderings of
 scripted episodes, so the chat scaffolding, the prompts and the ``spawn_clone`` tool-call text
 become a handful of tokens each. Digits are always single tokens (numbers are spelled digit by
-digit, which small models learn arithmetic on far more easily), and the byte-level alphabet
-keeps every text encodable and decoding exact. Special tokens: ``<|im_start|>`` and
+digit, which small models learn arithmetic on far more easily), a line break is always a token of
+its own (so a message's content is tokenized the same inside a rendered conversation as on its
+own: what the model samples is what the env re-renders), and the byte-level alphabet keeps every
+text encodable and decoding exact. Special tokens: ``<|im_start|>`` and
 ``<|im_end|>`` (end of turn, ``eos_token`` and ``pad_token``).
 
 The chat template is ChatML with every role the environment writes (``system``, ``user``,
@@ -16,6 +18,7 @@ a prompt (which renders messages only) equal to what the model reads.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -50,6 +53,7 @@ def _empty_backend() -> Any:
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
+            pre_tokenizers.Split("\n", behavior="isolated"),
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
@@ -91,5 +95,9 @@ def train_chat_tokenizer(texts: Sequence[str], vocab_size: int) -> Any:
         initial_alphabet=alphabet,
         show_progress=False,
     )
-    backend.train_from_iterator(texts, trainer)
+    # Encoding splits the special tokens off before the pre-tokenizer; training must see the
+    # same pieces, or its merges would span the special tokens' bytes and never apply.
+    specials = re.compile(f"{re.escape(START_OF_TURN)}|{re.escape(END_OF_TURN)}")
+    pieces = [piece for text in texts for piece in specials.split(text) if piece]
+    backend.train_from_iterator(pieces, trainer)
     return _wrap(backend)

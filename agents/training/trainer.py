@@ -231,7 +231,8 @@ class GRPOTrainer:
         folder = self.out / "tokenizer"
         if (folder / "tokenizer_config.json").exists():
             return AutoTokenizer.from_pretrained(folder)
-        make_env = self.make_env_factory("train", None, context_window=None)
+        # Counted with the offline counter, the limits would cut the corpus: lift them.
+        make_env = self.make_env_factory("train", None, context_window=None, max_new_tokens=None)
         traces = scripted_traces(
             make_env, section.tokenizer_episodes, self.config.imitation.parts, self.config.seed
         )
