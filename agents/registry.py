@@ -15,6 +15,10 @@ name                        backend   options (defaults)
 ``scripted-delegate``       no        ``parts=3``
 ==========================  ========  =====================================================
 
+``clone-controller-trained`` (needs the default model's transformers backend) takes the
+options of ``clone-controller`` plus ``adapter`` (default: the bundled GRPO-trained LoRA
+adapter, see :mod:`selfcest_env.agents.trained_controller`).
+
 Sampling options are the fields of :class:`~selfcest_env.agents.base.SamplingConfig`:
 ``temperature``, ``top_p``, ``max_new_tokens`` (the per-turn cap) and ``seed``.
 """
@@ -126,6 +130,13 @@ AGENTS: dict[str, AgentInfo] = {
             {},
             "exact arithmetic split over clones, no model (tests, reference)",
         ),
+        AgentInfo(
+            "clone-controller-trained",
+            True,
+            (*SAMPLING_OPTIONS, "max_depth", "adapter"),
+            {"temperature": 0.0},
+            "the clone controller with the bundled GRPO-trained LoRA adapter (default model)",
+        ),
     )
 }
 
@@ -179,6 +190,10 @@ def make_agent(name: str, backend: Backend | None = None, **options: Any) -> Age
         from selfcest_env.agents.clone_controller import CloneControllerAgent
 
         return CloneControllerAgent(backend, sampling, **merged)  # type: ignore[arg-type]
+    if info.name == "clone-controller-trained":
+        from selfcest_env.agents.trained_controller import TrainedCloneControllerAgent
+
+        return TrainedCloneControllerAgent(backend, sampling, **merged)  # type: ignore[arg-type]
     if info.name == "self-consistency":
         from selfcest_env.agents.self_consistency import SelfConsistencyAgent
 

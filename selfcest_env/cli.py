@@ -768,8 +768,9 @@ example:
 
 _EPILOG_SUITE = """\
 built-in suites: quick (4 model agents x {easy arithmetic: 8 episodes, easy synthetic QA: 6
-episodes} x per-turn caps 32/64/128 = 24 runs, 168 episodes; estimated at most ~14 minutes with
-the default model on a 2-core CPU shared with other jobs).
+episodes} x per-turn caps 32/64/128, plus the trained clone controller on arithmetic = 27 runs,
+192 episodes; estimated at most ~15 minutes with the default model on a 2-core CPU shared with
+other jobs).
 
 suite file (YAML or JSON; a bare list of run entries also works):
   name: my-suite

@@ -54,6 +54,10 @@ MODEL_AGENTS: tuple[str, ...] = (
     "tree-of-thoughts",
 )
 
+#: The trained clone controller (the bundled GRPO-trained adapter, trained on arithmetic): the
+#: quick suite runs it on math next to :data:`MODEL_AGENTS`.
+TRAINED_AGENT = "clone-controller-trained"
+
 #: Default source of each registered env.
 DEFAULT_SOURCES: dict[str, str] = {MATH_ENV_ID: "arithmetic", QA_ENV_ID: "synthetic"}
 
@@ -170,9 +174,10 @@ def quick_suite() -> SuiteConfig:
     * ``SelfCest-MultiHopQA-v0``, ``synthetic`` with ``preset=easy`` (one-hop questions, no
       distractors, short answers that contain the gold count), 6 episodes per run;
     * agents ``monolithic``, ``clone-controller``, ``self-consistency`` (k=4),
-      ``tree-of-thoughts`` (breadth 2, samples 2, steps 1); per-turn caps 32 / 64 / 128.
+      ``tree-of-thoughts`` (breadth 2, samples 2, steps 1), and on math also
+      ``clone-controller-trained`` (the bundled adapter); per-turn caps 32 / 64 / 128.
 
-    24 runs, 168 episodes. Sizing, measured with the default model on a 2-core CPU shared with
+    27 runs, 192 episodes. Sizing, measured with the default model on a 2-core CPU shared with
     other jobs (load ~4): the suite at 4 episodes per run took 7 min 43 s in all, its runs 247 s
     (math) and 210 s (QA), model load, leaderboard and plots ~6 s. A run keeps all its episodes
     in flight at once (``parallel=8``), so its time grows at most linearly with its episodes:
@@ -186,7 +191,7 @@ def quick_suite() -> SuiteConfig:
             RunEntry(
                 env=MATH_ENV_ID,
                 source="arithmetic",
-                agents=MODEL_AGENTS,
+                agents=(*MODEL_AGENTS, TRAINED_AGENT),
                 max_new_tokens=QUICK_MAX_NEW_TOKENS,
                 episodes=math_episodes,
                 env_args={"preset": "easy"},

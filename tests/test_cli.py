@@ -295,15 +295,17 @@ def test_bad_suite_files(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
 def test_quick_suite_shape() -> None:
     suite = load_suite("quick")
     assert suite == quick_suite()
-    assert suite.n_runs() == 24
+    assert suite.n_runs() == 27
     envs = {entry.env for entry in suite.runs}
     assert envs == {"SelfCest-Math-v0", "SelfCest-MultiHopQA-v0"}
     for entry in suite.runs:
+        trained = {"clone-controller-trained"} if entry.env == "SelfCest-Math-v0" else set()
         assert set(entry.agents) == {
             "monolithic",
             "clone-controller",
             "self-consistency",
             "tree-of-thoughts",
+            *trained,
         }
         assert [b["max_new_tokens"] for b in entry.budgets()] == [32, 64, 128]
 
@@ -322,6 +324,7 @@ def test_registry_names_and_errors() -> None:
         "tree-of-thoughts",
         "scripted-monolithic",
         "scripted-delegate",
+        "clone-controller-trained",
     )
     with pytest.raises(ValueError, match="valid names: monolithic, clone-controller"):
         make_agent("nope", None)

@@ -1,0 +1,123 @@
+"""The trained clone controller: SmolLM2-135M-Instruct with the bundled GRPO-trained LoRA adapter.
+
+The adapter (``agents/trained/clone-controller-smollm2/``, package data) was made by this
+project's own training run, ``selfcest train --recipe smollm2``; the folder holds the adapter
+weights, ``train_config.json`` (the exact config), ``eval_log.csv`` and ``train_log.csv`` of
+that run and a README with the command. It loads offline: the base model is the bundled
+default model, the adapter is read from the package.
+
+The agent is a :class:`~selfcest_env.agents.clone_controller.CloneControllerAgent` whose turns
+come from the base model with the adapter merged in. It is built from the default model's
+transformers backend (the one the CLI shares between agents) and loads its own merged copy of
+the model the first time it acts, so describing a run (its spec) loads nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from selfcest_env.agents.backends.base import Backend
+from selfcest_env.agents.base import SamplingConfig
+from selfcest_env.agents.clone_controller import CloneControllerAgent
+from selfcest_env.protocol import Action
+from selfcest_env.rollout import ContextView
+
+#: Folder name of the bundled adapter inside ``selfcest_env.agents/trained``.
+BUNDLED_ADAPTER = "clone-controller-smollm2"
+
+
+def bundled_adapter_dir() -> Path:
+    """The folder of the bundled LoRA adapter (package data).
+
+    Raises:
+        FileNotFoundError: the package was installed without its data files.
+    """
+    folder = Path(str(resources.files("selfcest_env.agents") / "trained" / BUNDLED_ADAPTER))
+    if not (folder / "adapter_config.json").is_file():
+        raise FileNotFoundError(
+            f"the bundled adapter is missing from {folder}: reinstall selfcest with its package "
+            "data, or pass adapter=<folder made by selfcest train>"
+        )
+    return folder
+
+
+def load_adapted_model(adapter: Path, device: str | None = "auto") -> tuple[Any, Any]:
+    """``(model, tokenizer)``: the default model with the LoRA adapter at ``adapter`` merged
+    into its weights (inference then costs what the base model costs)."""
+    from peft import PeftModel
+
+    from selfcest_env.agents.backends.transformers_backend import load_default_model
+
+    base, tokenizer = load_default_model(device=device, dtype="float32")
+    merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    merged.eval()
+    return merged, tokenizer
+
+
+class TrainedCloneControllerAgent(CloneControllerAgent):
+    """The clone controller with a trained LoRA adapter (default: the bundled one).
+
+    Args:
+        backend: The default model's transformers backend (its device, batch size and thread
+            settings are reused; its weights are not changed).
+        sampling: How turns are sampled.
+        max_depth: How deep clones may nest.
+        adapter: A LoRA adapter folder (``final/`` of a ``selfcest train`` run on the default
+            model); ``None`` for the bundled one.
+    """
+
+    name = "clone-controller-trained"
+
+    def __init__(
+        self,
+        backend: Backend,
+        sampling: SamplingConfig | None = None,
+        max_depth: int = 1,
+        adapter: str | None = None,
+    ) -> None:
+        from selfcest_env.agents.backends.transformers_backend import DEFAULT_MODEL_NAME
+
+        if backend.name != "transformers" or backend.model_name != DEFAULT_MODEL_NAME:
+            raise ValueError(
+                f"{self.name} applies its adapter to {DEFAULT_MODEL_NAME}: run it with the "
+                f"transformers backend and the default model (got {backend.name} "
+                f"{backend.model_name})"
+            )
+        super().__init__(backend, sampling, max_depth)
+        self.adapter = Path(adapter) if adapter is not None else bundled_adapter_dir()
+        if not (self.adapter / "adapter_config.json").is_file():
+            raise ValueError(
+                f"{self.adapter} is not a LoRA adapter folder (it has no adapter_config.json)"
+            )
+        self._base_model_name = backend.model_name
+        self._loaded = False
+
+    def config_dict(self) -> dict[str, Any]:
+        """Sampling settings, the base model with the adapter's name, and the adapter."""
+        return {
+            **super().config_dict(),
+            "model": f"{self._base_model_name}+{self.adapter.name}",
+            "adapter": self.adapter.name,
+        }
+
+    def _load(self) -> None:
+        from selfcest_env.agents.backends.transformers_backend import TransformersBackend
+
+        base = self.backend
+        if not isinstance(base, TransformersBackend):
+            raise TypeError(f"{self.name} needs a TransformersBackend, got {type(base).__name__}")
+        model, tokenizer = load_adapted_model(self.adapter, device=str(base.device))
+        self.backend = TransformersBackend(
+            hf_model=model, hf_tokenizer=tokenizer, batch_size=base.config.batch_size
+        )
+        self.backend.model_name = f"{self._base_model_name}+{self.adapter.name}"
+        self._loaded = True
+
+    def act_batch(self, views: Sequence[ContextView]) -> list[Action]:
+        """Generate every view's turn with the adapted model (loaded on the first call)."""
+        if not self._loaded:
+            self._load()
+        return super().act_batch(views)
