@@ -5,6 +5,9 @@ messages and compute with exact integers, so they are always right; what differs
 of the tree they build and therefore what the ledger charges.
 
 * :class:`ScriptedMonolithic` answers in one turn and never spawns.
+* :class:`ScriptedStepByStep` works the expression out in one context, one running total per
+  line (``3+4=7``), and never spawns: the monolithic solution whose length grows with the
+  expression (the laptop training recipe imitates it next to the delegator).
 * :class:`ScriptedDelegator` splits the expression at its top-level ``+``/``-`` into at most
   ``parts`` chunks, spawns one clone per chunk, and adds up what the clones return; clones that
   may spawn in turn (``max_depth > 1``) split their chunk again.
@@ -120,6 +123,25 @@ class ScriptedMonolithic(ScriptedAgent):
     def act(self, observation: Mapping[str, Any], info: Mapping[str, Any]) -> Action:
         """``Return`` the exact value of the context's expression."""
         return Return(str(evaluate_expression(expression_of(info["messages"]))))
+
+
+@dataclass
+class ScriptedStepByStep(ScriptedAgent):
+    """Work every arithmetic prompt out in one turn, top-level term by term; never spawn."""
+
+    name: str = "scripted-step-by-step"
+
+    def act(self, observation: Mapping[str, Any], info: Mapping[str, Any]) -> Action:
+        """``Return`` the value with the running totals written before it."""
+        terms = top_level_terms(expression_of(info["messages"]))
+        total = evaluate_expression(terms[0])
+        lines = []
+        for term in terms[1:]:  # every later term starts with its sign
+            value = evaluate_expression(term)
+            lines.append(f"{total}{term.replace(' ', '')}={total + value}")
+            total += value
+        lines.append(f"Answer: {total}")
+        return Return(str(total), text="\n".join(lines))
 
 
 @dataclass

@@ -222,3 +222,36 @@ def test_root_and_clone_samples_share_one_update(tmp_path):
     assert stats.clipped_tokens == 0  # ratio 1: old logprobs are the current policy's
     after = trainer.policy.trainable_state()
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_step_by_step_script_is_right_alone_and_cut_by_a_window():
+    """The monolithic half of the laptop recipe's imitation data, played through the env."""
+    import gymnasium as gym
+
+    from selfcest_env.agents.training.imitation import scripted_traces
+
+    def make_env(window, max_depth=0):
+        return lambda: (
+            gym.make(
+                "SelfCest-Math-v0",
+                split="train",
+                min_operators=6,
+                max_operators=6,
+                min_operand_digits=1,
+                max_operand_digits=1,
+                operator_weights={"+": 1, "-": 1},
+                paren_probability=0.0,
+                context_window=window,
+                max_new_tokens=None,
+                max_depth=max_depth,
+            ).unwrapped
+        )
+
+    free = scripted_traces(make_env(None), 5, parts=2, step_by_step_share=1.0)
+    assert all(t["reward"] == 1.0 and len(t["contexts"]) == 1 for t in free)
+    text = free[0]["contexts"][0]["turns"][0]["text"]
+    assert len(text.splitlines()) == 7 and text.splitlines()[-1].startswith("Answer: ")
+    cut = scripted_traces(make_env(60), 5, parts=2, step_by_step_share=1.0)
+    assert all(t["reward"] == 0.0 and t["meters"]["truncated_turns"] == 1 for t in cut)
+    mixed = scripted_traces(make_env(None, 1), 4, parts=2, step_by_step_share=0.5)
+    assert [len(t["contexts"]) > 1 for t in mixed] == [False, False, True, True]

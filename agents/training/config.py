@@ -150,6 +150,11 @@ class ImitationSection:
     learning_rate: float = _help("AdamW learning rate", default=1e-3)
     micro_batch_size: int = _help("samples per optimiser step", default=32)
     parts: int = _help("clones per spawn of the scripted delegator", default=3)
+    step_by_step_share: float = _help(
+        "share of the episodes solved in one context by the step-by-step script instead "
+        "(the policy then has to learn by RL that delegating pays)",
+        default=0.0,
+    )
 
 
 @dataclass(frozen=True)
@@ -210,6 +215,11 @@ class TrainConfig:
             )
         if self.rollout.group_size < 2:
             raise ConfigError("rollout.group_size must be >= 2: GRPO compares rollouts of a task")
+        if not 0.0 <= self.imitation.step_by_step_share <= 1.0:
+            raise ConfigError(
+                f"imitation.step_by_step_share must be in [0, 1], got "
+                f"{self.imitation.step_by_step_share}"
+            )
         if self.model.name == "scratch" and self.model.finetune != "full":
             raise ConfigError("model.name 'scratch' trains every weight: set model.finetune: full")
         for split in self.eval.splits:

@@ -1,9 +1,13 @@
-"""Warm start by imitation: supervised training on scripted delegation played through the env.
+"""Warm start by imitation: supervised training on scripted solutions played through the env.
 
 :class:`~selfcest_env.agents.scripted.ScriptedDelegator` plays training episodes in the same
 environment the policy is trained in, so the imitation data is exactly what the env renders: the
 root's ``spawn_clone`` call, the clones' prompts and answers, the tool message and the root's
-final answer. Each context becomes a teacher-forced sample
+final answer. Optionally a share of the episodes is played by
+:class:`~selfcest_env.agents.scripted.ScriptedStepByStep` instead (the whole sum worked out in
+one context, cut where it overflows the context window, exactly as the env cuts it): the policy
+then starts out mostly solving alone and only sometimes delegating, and reinforcement learning
+has to find out that delegating is what pays. Each context becomes a teacher-forced sample
 (:func:`~selfcest_env.agents.training.samples.trace_samples` with ``teacher_forcing=True``) and
 the policy minimises the negative log-likelihood of the scripted turns (prompts and tool
 messages masked out), with AdamW and a learning rate decaying linearly to 0.
@@ -19,44 +23,59 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from selfcest_env.agents.scripted import ScriptedDelegator
+from selfcest_env.agents.scripted import ScriptedAgent, ScriptedDelegator, ScriptedStepByStep
 from selfcest_env.agents.training.config import ImitationSection
 from selfcest_env.agents.training.grpo import collate, loss_denominator, nll_loss, token_logprobs
 from selfcest_env.agents.training.samples import Sample, trace_samples
-from selfcest_env.rollout import episode_specs, run_episodes
+from selfcest_env.rollout import EpisodeResult, episode_specs, run_episodes
 
 logger = logging.getLogger(__name__)
 
 
-def scripted_traces(
-    make_env: Callable[[], Any], episodes: int, parts: int, seed: int = 0
-) -> list[dict[str, Any]]:
-    """Traces of ``episodes`` training episodes played by ``ScriptedDelegator(parts)``.
-
-    A scripted episode that ends wrong means the env's limits cut it (a turn or context longer
-    than allowed): that is logged as a warning, since the policy would imitate the cut text.
-    """
-    results = list(
+def _play(
+    make_env: Callable[[], Any], policy: ScriptedAgent, indices: range, seed: int
+) -> list[EpisodeResult]:
+    return list(
         run_episodes(
             make_env,
-            ScriptedDelegator(parts=parts),
-            episode_specs(range(episodes), seed),
+            policy,
+            episode_specs(indices, seed),
             parallel=64,
             keep_traces=True,
             progress=False,
         )
     )
-    wrong = sum(not result.correct for result in results)
+
+
+def scripted_traces(
+    make_env: Callable[[], Any],
+    episodes: int,
+    parts: int,
+    seed: int = 0,
+    step_by_step_share: float = 0.0,
+) -> list[dict[str, Any]]:
+    """Traces of ``episodes`` training episodes (instances ``0 .. episodes - 1``): the first
+    ``round(step_by_step_share * episodes)`` played by ``ScriptedStepByStep``, the others by
+    ``ScriptedDelegator(parts)``.
+
+    A delegated episode that ends wrong means the env's limits cut it (a turn or context longer
+    than allowed): that is logged as a warning, since the policy would imitate the cut text.
+    """
+    if not 0.0 <= step_by_step_share <= 1.0:
+        raise ValueError(f"step_by_step_share must be in [0, 1], got {step_by_step_share}")
+    alone = round(step_by_step_share * episodes)
+    solved_alone = _play(make_env, ScriptedStepByStep(), range(alone), seed)
+    delegated = _play(make_env, ScriptedDelegator(parts=parts), range(alone, episodes), seed)
+    wrong = [result for result in delegated if not result.correct]
     if wrong:
-        reasons = sorted({result.end_reason for result in results if not result.correct})
         logger.warning(
-            "%d of %d scripted episodes ended wrong (%s): are the env limits too tight for the "
-            "scripted delegation?",
-            wrong,
-            len(results),
-            ", ".join(reasons),
+            "%d of %d delegated scripted episodes ended wrong (%s): are the env limits too "
+            "tight for the scripted delegation?",
+            len(wrong),
+            len(delegated),
+            ", ".join(sorted({result.end_reason for result in wrong})),
         )
-    return [result.trace for result in results if result.trace is not None]
+    return [r.trace for r in solved_alone + delegated if r.trace is not None]
 
 
 def imitation_samples(traces: Sequence[dict[str, Any]], tokenizer: Any) -> list[Sample]:

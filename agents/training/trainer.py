@@ -233,8 +233,13 @@ class GRPOTrainer:
             return AutoTokenizer.from_pretrained(folder)
         # Counted with the offline counter, the limits would cut the corpus: lift them.
         make_env = self.make_env_factory("train", None, context_window=None, max_new_tokens=None)
+        imitation = self.config.imitation
         traces = scripted_traces(
-            make_env, section.tokenizer_episodes, self.config.imitation.parts, self.config.seed
+            make_env,
+            section.tokenizer_episodes,
+            imitation.parts,
+            self.config.seed,
+            imitation.step_by_step_share,
         )
         tokenizer = train_chat_tokenizer(render_conversations(traces), section.tokenizer_vocab)
         tokenizer.save_pretrained(folder)
@@ -497,7 +502,11 @@ class GRPOTrainer:
         if config.imitation.episodes > 0:
             make_env = self.make_env_factory("train", self.policy.tokenizer)
             traces = scripted_traces(
-                make_env, config.imitation.episodes, config.imitation.parts, config.seed
+                make_env,
+                config.imitation.episodes,
+                config.imitation.parts,
+                config.seed,
+                config.imitation.step_by_step_share,
             )
             samples = imitation_samples(traces, self.policy.tokenizer)
             imitate(
