@@ -5,9 +5,9 @@ environment the policy is trained in, so the imitation data is exactly what the 
 root's ``spawn_clone`` call, the clones' prompts and answers, the tool message and the root's
 final answer. Optionally a share of the episodes is played by
 :class:`~selfcest_env.agents.scripted.ScriptedStepByStep` instead (the whole sum worked out in
-one context, cut where it overflows the context window, exactly as the env cuts it): the policy
-then starts out mostly solving alone and only sometimes delegating, and reinforcement learning
-has to find out that delegating is what pays. Each context becomes a teacher-forced sample
+one context, cut where the env's limits cut it, as the env renders it): the policy then starts
+out choosing between solving alone and delegating, and reinforcement learning has to find out
+which one pays. Each context becomes a teacher-forced sample
 (:func:`~selfcest_env.agents.training.samples.trace_samples` with ``teacher_forcing=True``) and
 the policy minimises the negative log-likelihood of the scripted turns (prompts and tool
 messages masked out), with AdamW and a learning rate decaying linearly to 0.
