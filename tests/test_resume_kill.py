@@ -58,9 +58,10 @@ def recorded(out: Path) -> int:
 
 
 def kill_at_random_point(out: Path, rng: random.Random, attempt: int) -> bool:
-    """Start the run and SIGKILL it: on even attempts after a random delay from the start
-    (mostly during start-up), on odd ones once a random number of the episodes still missing
-    has been recorded. Returns whether the kill interrupted the run (it may have finished)."""
+    """Start the run and SIGKILL it: on even attempts after a random delay from the start or
+    at the first newly recorded episode, whichever comes first (so during start-up or at the
+    first append), on odd ones once a random number of the episodes still missing has been
+    recorded. Returns whether the kill interrupted the run (it may have finished)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "selfcest_env", *run_argv(out)],
         cwd=REPO,
@@ -68,14 +69,15 @@ def kill_at_random_point(out: Path, rng: random.Random, attempt: int) -> bool:
         stderr=subprocess.DEVNULL,
     )
     try:
+        done = recorded(out)
         if attempt % 2 == 0:
-            time.sleep(rng.uniform(0.0, 1.5))
+            target = done + 1
+            deadline = time.monotonic() + rng.uniform(0.0, 1.5)
         else:
-            done = recorded(out)
             target = done + rng.randrange(max(1, 4 * EPISODES - done))
             deadline = time.monotonic() + 60
-            while proc.poll() is None and recorded(out) < target and time.monotonic() < deadline:
-                time.sleep(0.002)
+        while proc.poll() is None and recorded(out) < target and time.monotonic() < deadline:
+            time.sleep(0.002)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait(timeout=60)

@@ -60,17 +60,18 @@ def test_monolithic_solving_overflows_the_window_and_delegation_fits(run):
     args = dict(config.env.args)
     prompts = PromptConfig(**config.env.prompts)
     window = args["context_window"]
+
+    def test_split_env(**overrides):
+        kwargs = {**args, "max_depth": config.env.max_depth, **overrides}
+        return lambda: (
+            gym.make(
+                config.env.id, split="test", tokenizer=tokenizer, prompts=prompts, **kwargs
+            ).unwrapped
+        )
+
     # Monolithic: one context (no spawning), the sum worked out line by line (ScriptedStepByStep).
     solved_alone = scripted_traces(
-        lambda: (
-            gym.make(
-                config.env.id,
-                split="test",
-                tokenizer=tokenizer,
-                prompts=prompts,
-                **{**args, "max_depth": 0, "max_new_tokens": None},
-            ).unwrapped
-        ),
+        test_split_env(max_depth=0, max_new_tokens=None),
         20,
         config.imitation.parts,
         step_by_step_share=1.0,
@@ -79,19 +80,6 @@ def test_monolithic_solving_overflows_the_window_and_delegation_fits(run):
         assert trace["meters"]["truncated_turns"] == 1 and trace["reward"] == 0
         assert trace["meters"]["peak_context_tokens"] == window
     # Delegating (the scripted delegator): every context fits and every answer is right.
-    traces = scripted_traces(
-        lambda: (
-            gym.make(
-                config.env.id,
-                split="test",
-                tokenizer=tokenizer,
-                prompts=prompts,
-                max_depth=config.env.max_depth,
-                **args,
-            ).unwrapped
-        ),
-        50,
-        config.imitation.parts,
-    )
+    traces = scripted_traces(test_split_env(), 50, config.imitation.parts)
     assert all(trace["end_reason"] == "answered" for trace in traces)
     assert max(trace["meters"]["peak_context_tokens"] for trace in traces) < window
