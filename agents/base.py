@@ -68,6 +68,10 @@ class Agent(abc.ABC):
         """One action per runnable context, in order (an :class:`ActionFailure` where the
         backend failed)."""
 
+    def episode_ended(self, episode: int) -> None:  # noqa: B027 (a hook: empty by default)
+        """Called by the driver when ``episode`` ends, however it ended; agents that keep
+        per-episode state free it here. Does nothing by default."""
+
 
 def turn_seed(base: int, view: ContextView) -> int:
     """A sampling seed unique to (base seed, episode, context, turn), stable across runs."""

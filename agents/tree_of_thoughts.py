@@ -151,6 +151,10 @@ class TreeOfThoughtsAgent(Agent):
             return self._finish(view.episode, search)
         return self._propose(view, search)
 
+    def episode_ended(self, episode: int) -> None:
+        """Drop the search of an episode that ended before it returned (budget, abort)."""
+        self._searches.pop(episode, None)
+
     def _propose(self, view: ContextView, search: _Search) -> Action:
         search.phase = "propose"
         problem = view.info["objective"]

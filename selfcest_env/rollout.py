@@ -69,7 +69,12 @@ class ActionFailure:
 
 
 class BatchPolicy(Protocol):
-    """What the driver needs from an agent."""
+    """What the driver needs from an agent.
+
+    A policy that keeps state per episode may also define ``episode_ended(episode: int)``: the
+    driver calls it once for every episode that ends (answered, truncated or aborted), before
+    yielding its result, so that the state can be freed.
+    """
 
     name: str
 
@@ -166,6 +171,7 @@ def run_episodes(
     slots = [_Slot(make_env()) for _ in range(min(parallel, len(pending)))]
     views_by_slot: dict[int, list[ContextView]] = {}
     bar = tqdm(total=len(episodes), desc=policy.name, unit="ep", disable=not progress)
+    episode_ended = getattr(policy, "episode_ended", None)
     correct = finished = 0
 
     def start(index: int) -> None:
@@ -217,6 +223,8 @@ def run_episodes(
                         {view.context_id: action for view, action in zip(views, chosen)}
                     )
                 if terminated or truncated:
+                    if episode_ended is not None:
+                        episode_ended(slot.spec.episode)
                     result = _result(slot, reward, info, keep_traces)
                     correct += result.correct
                     finished += 1

@@ -26,9 +26,13 @@ from selfcest_env.agents.backends.base import Backend, GenerationResult
 from selfcest_env.agents.backends.openai_backend import OpenAICompatibleBackend
 from selfcest_env.agents.base import SamplingConfig, generate_isolated, generate_turns
 from selfcest_env.agents.monolithic import MonolithicAgent
+from selfcest_env.agents.tree_of_thoughts import TreeOfThoughtsAgent, TreeOfThoughtsConfig
+from selfcest_env.env import split_env_kwargs
 from selfcest_env.results import read_episodes, read_errors
 from selfcest_env.rollout import ActionFailure, episode_specs, run_episodes
+from selfcest_env.tasks.base import TaskInstance
 from selfcest_env.tasks.math import make_math_source
+from tests.conftest import FixedTasks
 from tests.test_cli import run_cli
 
 QUESTION = [{"role": "user", "content": "What is 2+3?"}]
@@ -296,6 +300,51 @@ def test_an_exception_from_generate_is_confined_to_the_requests_it_hit() -> None
     assert "CUDA error" in results[2].error and results[4].error == "refused"
     # 5 is too many; "a b" fits; "crash d refuse" is too many; "crash" raises; "d refuse" fits
     assert backend.calls == [5, 2, 3, 1, 2]
+
+
+def test_tree_of_thoughts_frees_the_search_of_episodes_that_end_mid_search() -> None:
+    """Clones crash in episodes 1 and 3 (their proposals fail), so those episodes end before
+    the search returns; the driver's ``episode_ended`` hook leaves no search state behind."""
+
+    class CrashOnOddEpisodes(Backend):
+        name = "crash-on-odd"
+
+        def generate(self, requests):
+            return [
+                GenerationResult.failed("crashed")
+                if "crash" in text_of({"messages": r.messages})
+                else GenerationResult("Answer: 7")
+                for r in requests
+            ]
+
+    class Ended(TreeOfThoughtsAgent):
+        def episode_ended(self, episode: int) -> None:
+            ended.append(episode)
+            super().episode_ended(episode)
+
+    ended: list[int] = []
+    agent = Ended(CrashOnOddEpisodes(), TreeOfThoughtsConfig(breadth=2, samples=2, steps=3))
+    tasks = FixedTasks(
+        [TaskInstance(f"t{i}", "crash" if i % 2 else "add 3 and 4", "7") for i in range(4)]
+    )
+    config, _ = split_env_kwargs(agent.env_overrides())
+    results = list(
+        run_episodes(
+            lambda: SelfCestEnv(tasks, config),
+            agent,
+            episode_specs(range(4)),
+            parallel=4,
+            progress=False,
+        )
+    )
+    assert {r.episode: r.end_reason for r in results} == {
+        0: "answered",
+        1: "backend_error",
+        2: "answered",
+        3: "backend_error",
+    }
+    assert sorted(ended) == [0, 1, 2, 3]
+    assert agent._searches == {}
 
 
 def test_backend_exceptions_end_their_episodes_through_the_driver() -> None:
