@@ -136,7 +136,7 @@ class TreeOfThoughtsAgent(Agent):
             expanded = self._expanded(search)
             search.candidates = [s + [a] for s, a in zip(expanded, answers) if a]
             if not search.candidates:
-                return self._finish(view.episode, search)
+                return self._finish(search)
             search.phase = "value"
             objectives = [value_objective(view.info["objective"], c) for c in search.candidates]
             return Spawn(
@@ -148,11 +148,11 @@ class TreeOfThoughtsAgent(Agent):
         search.frontier = [search.candidates[j] for j in order[: self.config.breadth]]
         search.step += 1
         if search.step >= self.config.steps:
-            return self._finish(view.episode, search)
+            return self._finish(search)
         return self._propose(view, search)
 
     def episode_ended(self, episode: int) -> None:
-        """Drop the search of an episode that ended before it returned (budget, abort)."""
+        """Drop the episode's search, whether it returned or ended early (budget, abort)."""
         self._searches.pop(episode, None)
 
     def _propose(self, view: ContextView, search: _Search) -> Action:
@@ -164,7 +164,6 @@ class TreeOfThoughtsAgent(Agent):
     def _expanded(self, search: _Search) -> list[list[str]]:
         return [state for state in search.frontier for _ in range(self.config.samples)]
 
-    def _finish(self, episode: int, search: _Search) -> Action:
-        del self._searches[episode]
+    def _finish(self, search: _Search) -> Action:
         best = search.frontier[0] if search.frontier else []
         return Return(best[-1] if best else "", token_ids=PROGRAM_TURN)

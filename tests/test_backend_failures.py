@@ -302,9 +302,10 @@ def test_an_exception_from_generate_is_confined_to_the_requests_it_hit() -> None
     assert backend.calls == [5, 2, 3, 1, 2]
 
 
-def test_tree_of_thoughts_frees_the_search_of_episodes_that_end_mid_search() -> None:
-    """Clones crash in episodes 1 and 3 (their proposals fail), so those episodes end before
-    the search returns; the driver's ``episode_ended`` hook leaves no search state behind."""
+def test_tree_of_thoughts_frees_every_search_when_its_episode_ends() -> None:
+    """Episodes 0 and 2 return their search's answer; clones crash in episodes 1 and 3 (their
+    proposals fail), so those end mid-search. The driver's ``episode_ended`` hook leaves no
+    search state behind either way."""
 
     class CrashOnOddEpisodes(Backend):
         name = "crash-on-odd"
