@@ -7,7 +7,9 @@ Text turns use the Hermes/Qwen tool-call format::
                 "shared_context": ["key", ...]}}</tool_call>
 
 A turn with at least one ``<tool_call>`` block spawns; a turn without one returns, its answer
-being the text after the last ``Answer:`` marker, else its last non-empty line.
+being the turn's final answer under the extraction contract of
+:mod:`selfcest_env.tasks.extraction` (a box group, the ``Answer:`` line, ``####``, else the last
+line), the reading every grader applies too.
 
 :func:`parse_turn` never raises: a malformed call is *repaired* when the intent is unambiguous
 (the repair is recorded so that the reward can charge it) and otherwise reported as an *error*
@@ -23,14 +25,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from selfcest_env.tasks.extraction import final_answer
+
 logger = logging.getLogger(__name__)
 
 TOOL_NAME = "spawn_clone"
 
 _OPEN_TAG = "<tool_call>"
 _CLOSE_TAG = "</tool_call>"
-_ANSWER_MARKER = re.compile(r"answer\s*:", re.IGNORECASE)
-_THINK_END = "</think>"
 _FENCE = "```"
 _TRAILING_COMMA = re.compile(r",\s*([}\]])")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -145,7 +147,7 @@ class ParsedTurn:
         errors: One message per rejected call (sent back to the model).
         repairs: One description per repair applied.
         answer: The returned answer when the turn has no tool call, else ``None``.
-        marked: Whether the answer followed an explicit ``Answer:`` marker.
+        marked: Whether a marker (a box, ``Answer:``, ``####``) introduced the answer.
     """
 
     calls: tuple[SpawnCall, ...] = ()
@@ -199,8 +201,8 @@ def to_turn_input(action: Action) -> TurnInput:
             return TurnInput(clean_text(action.text or ""), token_ids, logprobs)
         text = clean_text(action.text if action.text is not None else action.to_text())
         if isinstance(action, Return):
-            answer = clean_text("" if action.answer is None else str(action.answer)).strip()
-            parsed = ParsedTurn(answer=answer, marked=True)
+            answer = clean_text("" if action.answer is None else str(action.answer))
+            parsed = ParsedTurn(answer=final_answer(f"Answer: {answer}").text, marked=True)
         else:
             parsed = _structured_spawn(action)
         return TurnInput(text, token_ids, logprobs, parsed)
@@ -234,18 +236,12 @@ def _structured_spawn(action: Spawn) -> ParsedTurn:
 
 
 def extract_answer(text: str) -> tuple[str, bool]:
-    """The answer in a returning turn and whether an ``Answer:`` marker introduced it.
-
-    Text after a closing ``</think>`` is preferred; within it, the text after the last
-    ``Answer:`` marker, else the last non-empty line.
+    """The answer in a returning turn and whether a marker (a box, ``Answer:``, ``####``)
+    introduced it: the final answer of the extraction contract
+    (:func:`selfcest_env.tasks.extraction.final_answer`), the same reading every grader applies.
     """
-    if _THINK_END in text:
-        text = text.rsplit(_THINK_END, 1)[1]
-    markers = list(_ANSWER_MARKER.finditer(text))
-    if markers:
-        return text[markers[-1].end() :].strip(), True
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return (lines[-1] if lines else ""), False
+    found = final_answer(text)
+    return found.text, found.marked
 
 
 def parse_turn(text: str, max_tool_calls: int = 10) -> ParsedTurn:

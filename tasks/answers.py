@@ -6,11 +6,14 @@ the way the grader will read the winner, not as raw text: ``"2 + 1 = 3."``, ``"A
 :data:`~selfcest_env.tasks.base.AnswerType` (a source's ``answer_type``, which the env passes to
 agents as ``info["answer_type"]``):
 
-* ``"integer"`` (arithmetic): the exact value of the last number of the final answer;
+* ``"integer"`` (arithmetic): the exact value of the final answer's one number;
 * ``"math"`` (GSM8K, MATH, AIME, CHAMP, countdown): the final answer's exact value when it is a
   plain number, else the final answer without white space;
-* ``"text"`` (QA, and the default of a :class:`~selfcest_env.tasks.base.TaskSource`): the text
-  after the last ``Answer:``, SQuAD-normalised (case, punctuation, articles, spaces).
+* ``"text"`` (QA, and the default of a :class:`~selfcest_env.tasks.base.TaskSource`): the final
+  answer, SQuAD-normalised (case, punctuation, articles, spaces).
+
+The final answer is the one of :func:`selfcest_env.tasks.extraction.final_answer`, the contract
+every grader reads.
 """
 
 from __future__ import annotations

@@ -83,7 +83,13 @@ class TaskSource(abc.ABC):
 
     @abc.abstractmethod
     def grade(self, instance: TaskInstance, answer: str) -> Grade:
-        """Grade ``answer`` (the text a root agent returned) against ``instance``."""
+        """Grade ``answer`` against ``instance``.
+
+        The environment passes the root's final answer, already read under the extraction
+        contract (:func:`selfcest_env.tasks.extraction.final_answer`); graders called directly
+        get whole replies. A grader that reads its input with ``final_answer`` treats both
+        alike, since extraction is idempotent.
+        """
 
 
 def check_split(split: str) -> str:

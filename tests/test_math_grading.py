@@ -9,15 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from selfcest_env.tasks.extraction import final_answer, last_box
 from selfcest_env.tasks.math.grading import (
     MathVerifier,
-    extract,
-    extract_boxed,
-    extract_final_answer,
     grade_integer,
     grade_math,
-    last_number,
     parse_number,
+    read_number,
 )
 
 # (reply, gold, expected correct)
@@ -110,34 +108,34 @@ def test_table_is_large_enough() -> None:
         ("Answer: \\boxed{\\frac{1}{\\sqrt{2}}}", "\\frac{1}{\\sqrt{2}}"),
         ("\\boxed{a} and later \\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
         ("\\boxed{x^{2}}", "x^{2}"),
-        ("#### 1,000", "1000"),
+        ("#### 1,000", "1,000"),
         ("Answer: $7$.", "7"),
         ("no marker at all", "no marker at all"),
     ],
 )
 def test_extract_final_answer(reply: str, expected: str) -> None:
-    assert extract_final_answer(reply) == expected
+    assert final_answer(reply).text == expected
 
 
-def test_extract_boxed_nested_and_unclosed() -> None:
-    assert extract_boxed("x \\boxed{\\frac{a}{b}} y") == "\\frac{a}{b}"
-    assert extract_boxed("\\fbox{3}") == "3"
-    assert extract_boxed("\\boxed 5 done") == "5"
-    assert extract_boxed("\\boxed{\\frac{1}{2}") == "\\frac{1}{2}"  # unclosed: the rest
-    assert extract_boxed("nothing here") is None
-    assert extract("Answer: \\boxed{2}").how == "boxed"
-    assert extract("Answer: 2").how == "marker"
+def test_last_box_nested_and_unclosed() -> None:
+    assert last_box("x \\boxed{\\frac{a}{b}} y") == "\\frac{a}{b}"
+    assert last_box("\\fbox{3}") == "3"
+    assert last_box("\\boxed 5 done") == "5"
+    assert last_box("\\boxed{\\frac{1}{2}") == "\\frac{1}{2}"  # unclosed: the rest
+    assert last_box("nothing here") is None
+    assert final_answer("Answer: \\boxed{2}").how == "boxed"
+    assert final_answer("Answer: 2").how == "marker"
 
 
-def test_parse_number_and_last_number() -> None:
+def test_parse_number_and_read_number() -> None:
     assert parse_number("1,234") == 1234
     assert parse_number("-1234.50") == parse_number("-1234.5")
     assert parse_number("1.5e3") == 1500
     assert parse_number("1e999999999") is None  # never expand a huge exponent
     assert parse_number("1,23") is None
     assert parse_number("12 apples") is None
-    assert last_number("x = 3, y = -1,234.") == ("-1,234", -1234)
-    assert last_number("none") is None
+    assert read_number("x = 3, y = -1,234.").value == -1234
+    assert read_number("none").value is None
 
 
 @pytest.mark.parametrize(
@@ -227,16 +225,16 @@ def test_huge_inputs_are_fast() -> None:
     start = time.monotonic()
     assert not grade_integer("Answer: " + "9" * 100_000, "5").correct
     assert not grade_integer("Answer: 1e999999999", "5").correct
-    assert extract_boxed("\\boxed{" * 20_000) is not None
-    assert extract_final_answer("Answer: " * 20_000 + "7") == "7"
+    assert last_box("\\boxed{" * 20_000) is not None
+    assert final_answer("Answer: " * 20_000 + "7").text == "7"
     assert time.monotonic() - start < 2.0
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=300))
 def test_fast_paths_never_raise(text: str) -> None:
-    extract(text)
-    last_number(text)
+    final_answer(text)
+    read_number(text)
     parse_number(text)
     assert grade_integer(text, "12").score in (0.0, 1.0)
 

@@ -76,11 +76,13 @@ def test_every_clone_answer_reaches_the_vote_and_clones_get_the_solver_prompt():
     env.unwrapped.step_many({view.context_id: a for view, a in zip(clones, answers)})
     (root,) = _views(env)
     message = root.info["messages"][-1]["content"]
+    # Each clone returns its final answer (the last line, without the full stop).
     assert message.splitlines() == [
-        answer_line(f"turn1_clone{i}", a, PromptConfig()) for i, a in enumerate(answers, 1)
+        answer_line(f"turn1_clone{i}", a.removesuffix("."), PromptConfig())
+        for i, a in enumerate(answers, 1)
     ]
     _, _, terminated, _, info = env.unwrapped.step_many({0: agent.act_batch([root])[0]})
-    assert terminated and info["answer"].endswith("So the result is 9.")
+    assert terminated and info["answer"].endswith("So the result is 9")
 
 
 @pytest.mark.parametrize("width", [1, 4, 9])

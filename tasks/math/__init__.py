@@ -20,11 +20,10 @@ from .arithmetic import ArithmeticConfig, ArithmeticTask
 from .countdown import CountdownConfig, CountdownTask, grade_countdown
 from .grading import (
     MathVerifier,
-    extract_boxed,
-    extract_final_answer,
     grade_integer,
     grade_math,
     parse_number,
+    read_number,
 )
 
 _SOURCES: dict[str, str] = {
@@ -71,12 +70,11 @@ __all__ = [
     "CountdownConfig",
     "CountdownTask",
     "MathVerifier",
-    "extract_boxed",
-    "extract_final_answer",
     "grade_countdown",
     "grade_integer",
     "grade_math",
     "make_math_source",
     "math_source_names",
     "parse_number",
+    "read_number",
 ]

@@ -18,8 +18,9 @@ import re
 from typing import Any
 
 from ..base import SPLITS, Grade, TaskInstance, TaskSource, check_split
+from ..extraction import final_answer
 from ..hashing import stable_unit
-from .grading import extract_final_answer, grade_math, parse_number
+from .grading import grade_math, parse_number
 
 _ALIAS_SPLIT = re.compile(r",?\s*(?:or equivalently|equivalently|i\.e\.,?|that is,?)\s*", re.I)
 
@@ -127,7 +128,7 @@ class ChampTask(TaskSource):
 
     def grade(self, instance: TaskInstance, answer: str) -> Grade:
         """Equivalence with the gold answer or an alias, or equal normalised text."""
-        final = extract_final_answer(answer)
+        final = final_answer(answer).text
         norm = _normalise(final)
         for gold in (instance.answer, *instance.aliases):
             if norm and norm == _normalise(gold):

@@ -24,9 +24,9 @@ from fractions import Fraction
 from typing import Any
 
 from ..base import SPLITS, Grade, TaskInstance
+from ..extraction import final_answer
 from ..hashing import split_of
 from ._seeded import SeededSplitSource
-from .grading import extract
 
 _OPS = ("+", "-", "*", "/")
 
@@ -379,12 +379,10 @@ def _check_side(expr: str, numbers: list[int] | tuple[int, ...], target: int) ->
 def grade_countdown(answer: str, numbers: list[int] | tuple[int, ...], target: int) -> Grade:
     """Grade a Countdown reply: the final expression must use exactly the given numbers (as a
     multiset) and evaluate to ``target``. In ``a = b`` either side may be that expression."""
-    found = extract(answer)
+    found = final_answer(answer)
+    if found.too_long:
+        return Grade(0.0, False, {"how": found.how, "reason": "answer too long: not graded"})
     text = found.text
-    if found.how == "raw":
-        # No marker: use the last line that looks like an expression.
-        lines = [ln for ln in text.splitlines() if re.search(r"\d\s*[-+*/x×÷]", ln)]
-        text = lines[-1] if lines else text
     sides = [side for side in text.split("=") if side.strip()] or [text]
     grades = [_check_side(side, numbers, target) for side in sides]
     best = next((g for g in grades if g.correct), None)

@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from ..base import SPLITS, Grade, TaskInstance
+from ..extraction import gsm8k_answer, last_box
 from ..loading import DatasetSource, PathLike, PathSpec, TaggedRows, expand_files, load_hub_rows
 from ..loading import spec_items as _spec_items
-from .grading import extract_boxed, extract_gsm8k, grade_math
+from .grading import grade_math
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +294,7 @@ class GSM8KTask(DatasetMathSource):
         """Prompt: the question; answer: the number after ``####`` without commas."""
         question = str(_field(row, ("question",), what="question"))
         solution = str(_field(row, ("answer",), what="answer"))
-        gold = extract_gsm8k(solution)
+        gold = (gsm8k_answer(solution) or "").replace(",", "")
         if not gold:
             logger.warning(
                 "GSM8K row %s/%d has no '####' answer; skipped", source_split, source_index
@@ -374,7 +375,7 @@ class MATHTask(DatasetMathSource):
         return None if subject is None else str(subject)
 
     def _gold(self, row: Mapping[str, Any]) -> str | None:
-        return extract_boxed(str(_field(row, ("solution",), what="solution")))
+        return last_box(str(_field(row, ("solution",), what="solution")))
 
     def row_to_instance(
         self, row: Mapping[str, Any], split: str, index: int, source_split: str, source_index: int

@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from ..base import Grade
+from ..extraction import final_answer, is_hedge
 
 __all__ = [
     "CONTAINS_MAX_WORDS",
@@ -105,10 +106,10 @@ def f1(prediction: str, golds: str | Iterable[str]) -> float:
 
 
 def graded_text(answer: str) -> str:
-    """The part of ``answer`` that :func:`grade_qa` grades: the text after the last ``Answer:``
-    marker (the whole answer when there is none), stripped."""
-    marker = answer.rfind("Answer:")
-    return (answer[marker + len("Answer:") :] if marker >= 0 else answer).strip()
+    """The part of ``answer`` that :func:`grade_qa` grades: its final answer under the
+    extraction contract (:func:`~selfcest_env.tasks.extraction.final_answer`: the ``Answer:``
+    line, any case, not the explanation after it; else the last line)."""
+    return final_answer(answer).text
 
 
 def qa_answer_key(answer: str) -> str | None:
@@ -133,10 +134,16 @@ def contains_match(
 
     The multi-document QA accuracy of Liu et al. ("Lost in the Middle", 2023: is a correct
     answer in the output?), which credits a sentence such as "The film was released in 2011."
-    for the gold "2011"; the word cap keeps a pasted paragraph from counting.
+    for the gold "2011"; the word cap keeps a pasted paragraph from counting, and a hedge
+    (``Paris or Lyon``, :func:`~selfcest_env.tasks.extraction.is_hedge`) never counts unless a
+    gold answer is one. A list (``Paris, Lyon``) is not caught: containment cannot tell it
+    from a sentence with a comma, which is why exact match is the default mode.
     """
     words = normalize_answer(prediction).split()
     if not words or len(words) > max_words:
+        return 0.0
+    golds = _golds(golds)
+    if is_hedge(prediction) and not any(is_hedge(g) for g in golds):
         return 0.0
     for gold in _golds(golds):
         span = normalize_answer(gold).split()
@@ -150,7 +157,8 @@ def grade_qa(answer: str, gold: str, aliases: Iterable[str] = (), match: str = "
     """Exact match after normalisation over ``gold`` and ``aliases`` (with ``match="contains"``
     a :func:`contains_match` counts too); exact match, containment and token F1 in the details.
 
-    If ``answer`` contains an ``Answer:`` marker only the text after the last one is graded.
+    Only the reply's final answer is graded (:func:`graded_text`); one longer than
+    :data:`~selfcest_env.tasks.extraction.MAX_ANSWER_CHARS` scores 0 with a reason.
 
     Raises:
         ValueError: ``match`` is not one of :data:`MATCH_MODES`.
@@ -158,7 +166,14 @@ def grade_qa(answer: str, gold: str, aliases: Iterable[str] = (), match: str = "
     if match not in MATCH_MODES:
         raise ValueError(f"unknown match mode {match!r}; choose one of {', '.join(MATCH_MODES)}")
     golds = [gold, *aliases]
-    text = graded_text(answer)
+    found = final_answer(answer)
+    if found.too_long:
+        return Grade(
+            0.0,
+            False,
+            {"exact_match": 0.0, "contains": 0.0, "f1": 0.0, "reason": "answer too long"},
+        )
+    text = found.text
     em = exact_match(text, golds)
     contained = contains_match(text, golds)
     score = em if match == "exact" else max(em, contained)
