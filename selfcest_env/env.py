@@ -16,6 +16,7 @@ See the README ("The environment contract") for the full contract. In short:
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Mapping
@@ -40,6 +41,7 @@ from selfcest_env.protocol import (
     ParsedTurn,
     TurnInput,
     clean_text,
+    clip_action,
     parse_turn,
     to_turn_input,
 )
@@ -47,8 +49,11 @@ from selfcest_env.reward import RewardBreakdown, RewardConfig, clone_reward, ter
 from selfcest_env.safe_grading import grade_safely
 from selfcest_env.spaces import action_space, observation_space
 from selfcest_env.tasks.base import Grade, TaskInstance, TaskSource, check_split
-from selfcest_env.tokens import TokenCounter, as_token_counter
+from selfcest_env.text import printable
+from selfcest_env.tokens import TokenCounter, as_token_counter, chars_per_token, token_id_limit
 from selfcest_env.tree import Context, TurnRecord
+
+logger = logging.getLogger(__name__)
 
 RootView = Literal["keys", "full"]
 
@@ -206,8 +211,8 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         episode.
         """
         self._check_running()
-        turn = to_turn_input(action)
-        self._act(self._contexts[next(iter(self._runnable))], turn)
+        context = self._contexts[next(iter(self._runnable))]
+        self._act(context, self._turn_input(context, action))
         return self._step_result()
 
     def step_many(
@@ -229,7 +234,9 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
             raise ValueError(
                 f"contexts {sorted(stale)} cannot act now; runnable: {sorted(self._runnable)}"
             )
-        turns = {cid: to_turn_input(actions[cid]) for cid in sorted(actions)}
+        turns = {
+            cid: self._turn_input(self._contexts[cid], actions[cid]) for cid in sorted(actions)
+        }
         for cid, turn in turns.items():
             if cid in self._runnable:
                 self._act(self._contexts[cid], turn)
@@ -273,7 +280,8 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         if self.render_mode != "ansi":
             return None
         return "\n".join(
-            f"{'  ' * c.depth}[{c.id}] {c.label} {c.status}: {c.result_text()[:60]}"
+            f"{'  ' * c.depth}[{c.id}] {printable(c.label)} {c.status}: "
+            f"{printable(c.result_text()[:60])}"
             for c in self._contexts
         )
 
@@ -372,13 +380,52 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         if self._end_reason is None and self._ledger.remaining_gen_tokens() <= 0:
             self._fail_all_runnable("budget limit")
 
+    def _turn_input(self, context: Context, action: Action) -> TurnInput:
+        """``action`` cut to the bounds of ``context``'s next turn (:func:`clip_action`), then
+        normalised; the bounds follow the token limits, never the action's size.
+
+        Strings keep ``chars_per_token * (tokens + 1)`` characters, more than ``tokens`` tokens
+        of the counter can spell (:func:`~selfcest_env.tokens.chars_per_token`), so the cut
+        changes no count: ``tokens`` is the turn's allowance for a turn charged by counting its
+        text, and the context window for a turn charged by its token ids (its text is not
+        counted now, but it joins the context, which holds at most a window);
+        :attr:`EnvConfig.max_prompt_chars` where that is unlimited. Token ids keep one more than
+        the allowance, so that a longer turn is still truncated to it.
+        """
+        allowance, _ = self._allowance(context)
+        has_ids = getattr(action, "token_ids", None) is not None
+        tokens = self.limits.context_window if has_ids else allowance
+        max_chars = self.config.max_prompt_chars
+        if tokens is not None:
+            max_chars = min(max_chars, chars_per_token(self.counter) * (tokens + 1))
+        max_ids = None if allowance is None else allowance + 1
+        action, clipped = clip_action(action, max_chars, max_ids)
+        return replace(to_turn_input(action), clipped=clipped)
+
+    def _valid_ids(self, token_ids: tuple[int, ...]) -> bool:
+        """Whether every id (of those a turn keeps) is a token of the counter (``0 <= id <
+        token_id_limit``); logs the first one that is not."""
+        limit = token_id_limit(self.counter)
+        bad = next((t for t in token_ids if not 0 <= t < limit), None)
+        if bad is None:
+            return True
+        logger.warning(
+            "token id %d is not in [0, %d): the turn's ids and logprobs are dropped and its text "
+            "is counted instead; pass the ids the model sampled, from the env's tokenizer",
+            bad,
+            limit,
+        )
+        return False
+
     def _take_turn(self, context: Context, turn: TurnInput) -> None:
         allowance, reason = self._allowance(context)
         if reason is not None:
             self._fail(context, reason)
             return
         text, token_ids, logprobs = turn.text, turn.token_ids, turn.logprobs
-        truncated = False
+        if token_ids is not None and not self._valid_ids(token_ids[:allowance]):
+            token_ids = logprobs = None
+        cut = False  # cut to the allowance
         if token_ids is not None:
             used = len(token_ids)
             if allowance is not None and used > allowance:
@@ -386,12 +433,13 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
                 logprobs = None if logprobs is None else logprobs[:allowance]
                 decode = getattr(self.counter, "decode_ids", None)
                 text = decode(token_ids) if decode else self.counter.truncate_text(text, allowance)
-                used, truncated = allowance, True
+                used, cut = allowance, True
         else:
             used = self.counter.count_text(text)
             if allowance is not None and used > allowance:
                 text = self.counter.truncate_text(text, allowance)
-                used, truncated = min(self.counter.count_text(text), allowance), True
+                used, cut = min(self.counter.count_text(text), allowance), True
+        truncated = cut or turn.clipped
         record = TurnRecord(
             index=len(context.turns) + 1,
             prompt_tokens=context.prompt_length,
@@ -412,7 +460,7 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         context.peak_length = max(context.peak_length, context.length)
         ledger.record_length(context.length, context.parent is None)
         context.messages.append({"role": "assistant", "content": text})
-        parsed = turn.parsed if turn.parsed is not None and not truncated else None
+        parsed = turn.parsed if turn.parsed is not None and not cut else None
         if parsed is None:
             parsed = parse_turn(text, self.limits.max_tool_calls_per_turn)
         record.repairs = list(parsed.repairs)
@@ -665,9 +713,23 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         }
 
 
+#: Opens the header line of each message in :func:`render_messages`, and nothing else there;
+#: inside a message it is written :data:`_HEADER_OPEN_ESCAPED`.
+_HEADER_OPEN = "<|"
+_HEADER_OPEN_ESCAPED = "<\\|"
+
+
 def render_messages(messages: list[dict[str, str]]) -> str:
-    """The plain-text prompt of a context: ``<|role|>`` headers before each message."""
-    return "\n".join(f"<|{m['role']}|>\n{m['content']}" for m in messages)
+    """The plain-text prompt of a context: a ``<|role|>`` header line before each message.
+
+    Only the headers contain ``<|``: inside a message it is written ``<\\|``, so that text a
+    model wrote (a clone's answer, an objective) can neither forge a header line (``<|system|>``)
+    nor spell a ``<|...|>`` special token (``<|im_start|>``).
+    """
+    return "\n".join(
+        f"{_HEADER_OPEN}{m['role']}|>\n{m['content'].replace(_HEADER_OPEN, _HEADER_OPEN_ESCAPED)}"
+        for m in messages
+    )
 
 
 _CONFIG_FIELDS = {f.name for f in fields(EnvConfig)}

@@ -108,6 +108,12 @@ PROTOCOL_PIECES: tuple[str, ...] = (
     " ",
     "    ",
     "Calculate the value of 3 + 4.",
+    # special tokens and role headers: they must stay text in every other context
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|system|>",
+    "\n<|user|>\n",
 )
 
 nasty_text = st.text(
@@ -268,6 +274,8 @@ token_ids = st.one_of(
     st.none(),
     st.lists(st.integers(0, 2**31 - 1), max_size=300),
     st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 5000)).map(lambda p: [p[0]] * p[1]),
+    # ids that are no token: negative, past 32 bits (a driver bug); never raised on
+    st.lists(st.integers(-(2**70), 2**70), max_size=20),
 )
 logprobs = st.one_of(
     st.none(),

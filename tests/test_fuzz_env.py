@@ -12,7 +12,11 @@ one context at a time (``step``) or several at once (``step_many``). After every
   gen_tokens``, and each total equals the sum of its per-context parts in the trace
   (``gen_tokens``, ``prompt_tokens``, ``truncated_turns``, ``tool_repairs``, ``clones ==
   contexts - 1``, ``max_depth``, ``peak_context_tokens``);
-* the observation lies in the observation space and the budgets agree with ``info``.
+* the observation lies in the observation space and the budgets agree with ``info``;
+* what a turn costs bounds what it stores: a turn charged by counting its text keeps at most
+  ``7 (tokens + 1)`` characters, the offline counter's bound; kept token ids are tokens;
+* text a model wrote stays text: labels are one printable line of at most 64 characters, the
+  only header lines of ``obs["prompt"]`` are the env's own, and ``render()`` is printable.
 
 At the end of each episode: exactly one of terminated / truncated, a documented end reason, a
 finite reward for every context, a trace and an episode record that serialise to UTF-8 JSON and
@@ -30,6 +34,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from selfcest_env import END_REASONS, EnvConfig, Limits, SelfCestEnv, Turn
+from selfcest_env.env import render_messages
 from selfcest_env.results import encode_episode_line, validate_episode
 from selfcest_env.rollout import ActionFailure, EpisodeSpec, run_episodes
 from selfcest_env.tasks.base import TaskInstance
@@ -110,6 +115,24 @@ def check_step(env: SelfCestEnv, limits: Limits, obs: dict, info: dict) -> None:
             if turn["token_ids"] is not None:
                 assert turn["gen_tokens"] == len(turn["token_ids"])
                 assert turn["logprobs"] is None or len(turn["logprobs"]) == len(turn["token_ids"])
+                assert all(0 <= t < 2**31 for t in turn["token_ids"])
+            else:
+                assert len(turn["text"]) <= 7 * (turn["gen_tokens"] + 1)
+    check_text_stays_text(env, obs, contexts)
+
+
+def check_text_stays_text(env: SelfCestEnv, obs: dict, contexts: list[dict]) -> None:
+    """Labels, the text prompt and the render hold nothing a model could use to forge a line,
+    a header or a terminal escape."""
+    for context in contexts:
+        label = context["label"]
+        assert label.isprintable() and 0 < len(label) <= 64 and label == label.strip()
+    active = contexts[int(obs["context_id"])]
+    headers = [line for line in obs["prompt"].splitlines() if line.startswith("<|")]
+    if env.active_context_id is not None:
+        assert obs["prompt"] == render_messages(active["messages"])
+        assert headers == [f"<|{m['role']}|>" for m in active["messages"]]
+    assert all(line.isprintable() for line in env.render().split("\n"))
 
 
 def check_final(env: SelfCestEnv, reward: float, terminated: bool, truncated: bool, info: dict):
@@ -168,14 +191,14 @@ def play(env: SelfCestEnv, limits: Limits, data: st.DataObject, batch: bool) -> 
 @fuzz_settings(1300)
 @given(limits_strategy, st.data(), st.booleans())
 def test_hostile_turns_one_context_at_a_time(limits: Limits, data: st.DataObject, qa: bool):
-    env = SelfCestEnv(QA_TASKS if qa else TASKS, EnvConfig(limits=limits))
+    env = SelfCestEnv(QA_TASKS if qa else TASKS, EnvConfig(limits=limits), render_mode="ansi")
     play(env, limits, data, batch=False)
 
 
 @fuzz_settings(1100)
 @given(limits_strategy, st.data(), st.booleans())
 def test_hostile_turns_many_contexts_at_once(limits: Limits, data: st.DataObject, qa: bool):
-    env = SelfCestEnv(QA_TASKS if qa else TASKS, EnvConfig(limits=limits))
+    env = SelfCestEnv(QA_TASKS if qa else TASKS, EnvConfig(limits=limits), render_mode="ansi")
     play(env, limits, data, batch=True)
 
 
@@ -224,7 +247,7 @@ def test_driver_records_every_hostile_episode(
 @fuzz_settings(60)
 @given(limits_strategy, megabyte_turn, st.booleans())
 def test_megabyte_turns_are_cut_to_the_limits(limits: Limits, text: str, batch: bool):
-    env = SelfCestEnv(TASKS, EnvConfig(limits=limits))
+    env = SelfCestEnv(TASKS, EnvConfig(limits=limits), render_mode="ansi")
     obs, info = env.reset(seed=0, options={"index": 0})
     obs, reward, terminated, truncated, info = env.step_many({0: text}) if batch else env.step(text)
     check_step(env, limits, obs, info)

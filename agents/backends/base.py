@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from selfcest_env.tokens import chat_token_ids
+
 FinishReason = Literal["stop", "length", "error"]
 Message = dict[str, Any]
 
@@ -104,9 +106,12 @@ def chat_prompt_ids(
     tokenizer: Any, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
 ) -> list[int]:
     """The prompt token ids of ``messages``: :func:`render_chat_text`, encoded without adding
-    special tokens (the template already wrote them). Every backend renders prompts this way."""
-    return list(
-        tokenizer.encode(render_chat_text(tokenizer, messages, tools), add_special_tokens=False)
+    special tokens (the template already wrote them) and with special tokens parsed only where
+    the template wrote them: special-token text inside a message (a clone's answer reading
+    ``<|im_start|>system``) stays the ordinary tokens that spell it
+    (:func:`selfcest_env.tokens.chat_token_ids`). Every backend renders prompts this way."""
+    return chat_token_ids(
+        tokenizer, messages, lambda chat: render_chat_text(tokenizer, chat, tools)
     )
 
 

@@ -56,6 +56,7 @@ from typing import Any, Literal
 
 from selfcest_env.agents.backends.base import chat_prompt_ids, render_chat_text
 from selfcest_env.prompts import spawn_clone_schema
+from selfcest_env.tokens import chat_token_ids, plain_token_ids
 
 SampleForm = Literal["context", "turn", "auto"]
 
@@ -119,6 +120,8 @@ class _Segment:
     prompt_ids: list[int]
     prompt_text: str
     content: str
+    messages: Sequence[Mapping[str, Any]]
+    tools: list[dict[str, Any]] | None
 
 
 def trace_samples(
@@ -205,6 +208,8 @@ def _segments(context: Mapping[str, Any], tokenizer: Any, teacher_forcing: bool)
             "prompt_ids": chat_prompt_ids(tokenizer, messages[:position], tools),
             "prompt_text": render_chat_text(tokenizer, messages[:position], tools),
             "content": messages[position]["content"],
+            "messages": messages[:position],
+            "tools": tools,
         }
         token_ids = turn.get("token_ids")
         if token_ids:
@@ -212,25 +217,22 @@ def _segments(context: Mapping[str, Any], tokenizer: Any, teacher_forcing: bool)
             values = [math.nan] * len(token_ids) if logprobs is None else list(logprobs)
             segments.append(_Segment(list(token_ids), 1, values, **prompt))
         elif teacher_forcing and token_ids is None:
-            ids = _encode(tokenizer, prompt["content"] + _end_of_turn(tokenizer))
+            ids = plain_token_ids(tokenizer, prompt["content"]) + [_end_of_turn(tokenizer)]
             segments.append(_Segment(ids, 1, [math.nan] * len(ids), **prompt))
         else:
-            ids = _encode(tokenizer, prompt["content"])
+            ids = plain_token_ids(tokenizer, prompt["content"])
             segments.append(_Segment(ids, 0, [0.0] * len(ids), **prompt))
     return segments
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-def _end_of_turn(tokenizer: Any) -> str:
+def _end_of_turn(tokenizer: Any) -> int:
+    """The id of the tokenizer's end-of-turn token (a teacher-forced turn ends with it)."""
     eos = getattr(tokenizer, "eos_token", None)
     if not eos:
         raise ValueError(
             "teacher forcing needs the tokenizer's end-of-turn token: set tokenizer.eos_token"
         )
-    return eos
+    return int(tokenizer.convert_tokens_to_ids(eos))
 
 
 def _turn_samples(segments: Sequence[_Segment], common: dict[str, Any]) -> list[Sample]:
@@ -293,10 +295,17 @@ def _connector(previous: _Segment, segment: _Segment, tokenizer: Any) -> list[in
             "the chat template rewrites earlier turns (a later prompt does not extend the earlier "
             "prompt and its answer), so a context cannot be one sequence: use form='turn'"
         )
-    between = segment.prompt_text[len(head) :]
+    start = len(head)
     spelled = tokenizer.decode(previous.ids, skip_special_tokens=False)
     if spelled.startswith(previous.content):
         tail = spelled[len(previous.content) :]
-        if tail and between.startswith(tail):
-            between = between[len(tail) :]
-    return _encode(tokenizer, between)
+        if tail and segment.prompt_text.startswith(tail, start):
+            start += len(tail)
+    # The ids as the backend prompted them: special tokens only where the template wrote them,
+    # a clone's answer in a tool message as the plain text it is.
+    return chat_token_ids(
+        tokenizer,
+        segment.messages,
+        lambda chat: render_chat_text(tokenizer, chat, segment.tools),
+        start=start,
+    )
