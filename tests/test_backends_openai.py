@@ -115,6 +115,34 @@ def test_prompt_ids_use_the_completions_endpoint() -> None:
     assert result.logprobs[0] == -1.0 and math.isnan(result.logprobs[1])
 
 
+class TrickledStream(httpx.SyncByteStream):
+    """A body that comes one byte every ``every_s`` seconds."""
+
+    def __init__(self, data: bytes, every_s: float) -> None:
+        self.data, self.every_s = data, every_s
+
+    def __iter__(self):
+        for byte in self.data:
+            time.sleep(self.every_s)
+            yield bytes([byte])
+
+
+def test_the_deadline_holds_on_a_custom_transport_between_chunks() -> None:
+    body = json.dumps(chat_answer("5", ["token_id:20"])).encode()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=TrickledStream(body, every_s=0.02))  # ~4 s in all
+
+    backend = OpenAICompatibleBackend(
+        "http://x", "m", timeout_s=0.5, max_retries=0, transport=httpx.MockTransport(handler)
+    )
+    start = time.perf_counter()
+    (result,) = backend.generate([GenerationRequest(messages=QUESTION, max_new_tokens=4)])
+    backend.close()
+    assert time.perf_counter() - start < 1.0
+    assert result.finish_reason == "error" and "within timeout_s=0.5 s" in result.error
+
+
 # -- a real llama-cpp-python server -------------------------------------------------------------
 
 HAVE_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None

@@ -6,8 +6,36 @@ concurrently on a thread pool (``max_concurrency``); each is retried with expone
 connection errors (refused, reset, dropped), timeouts, 408/409/425/429 and 5xx answers, and
 malformed answers (not JSON, or JSON without a usable ``choices[0]``); after ``max_retries``
 retries it gives up: its result has ``finish_reason="error"`` and ``error`` says what failed on
-the last attempt. Other 4xx answers (a request the server rejects) fail at once. One failed
-request never raises out of :meth:`generate`.
+the last attempt. A ``Retry-After`` header (seconds or an HTTP date) sets the least wait before
+the next attempt; the waits of one request add up to at most ``max_retry_wait_s``, and a request
+whose next wait would pass that gives up at once, saying so. Other 4xx answers (a request the
+server rejects), redirects (not followed: the message names the ``base_url`` to use) and answers
+over the byte bound fail at once. One failed request never raises out of :meth:`generate`.
+
+Whatever the server sends is treated as hostile input, bounded in time and size:
+
+* ``timeout_s`` is the wall-clock budget of one attempt, from connecting to the last byte of the
+  body: a watchdog shuts the connection down when it runs out, however slowly the server
+  trickles headers or body. Each request has a connection of its own (no keep-alive) so that
+  the watchdog can cut it: one request takes at most ``(max_retries + 1) * timeout_s +
+  max_retry_wait_s``;
+* the body is read in chunks and may be at most ``64 KiB + 8 x the request's size +
+  max_new_tokens x 512 x (2 + top_logprobs)`` bytes (the answer may echo the prompt, as vLLM's
+  ``prompt_token_ids`` does; each generated token spends at most 512 bytes on its text and on
+  each of its logprob entries), and never more than ``max_response_bytes``. A bigger answer
+  means the server ignores ``max_tokens`` or sends what was not asked for, so it is not retried.
+  Bodies are asked for uncompressed (``Accept-Encoding: identity``); a compressed one is refused;
+* the text is cut to ``max_new_tokens`` tokens: with server token ids or a local tokenizer it is
+  the decoding of at most ``max_new_tokens`` ids; without either it is cut to
+  ``max_new_tokens * MAX_CHARS_PER_TOKEN`` characters (``finish_reason="length"``);
+* token ids must be integers in ``[0, 2**31)``; a ``usage`` field of the wrong shape (the backend
+  does not need it) is ignored with a warning;
+* server text quoted in errors and logs (bodies, headers, exception messages) is cut to a few
+  hundred characters with control characters and escape sequences written as Python escapes,
+  and the API key is masked wherever it appears.
+
+The API key is ``api_key`` when given (``""`` for none), else the ``OPENAI_API_KEY`` environment
+variable; it is sent as a bearer token and appears in no ``repr``, log or error message.
 
 Token ids, in order of preference:
 
@@ -32,40 +60,78 @@ from what the server returned, leave the completing token out (it is not charged
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
 import random
 import re
+import reprlib
+import socket
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import urljoin
+
+from selfcest_env.text import printable
+from selfcest_env.tokens import plain_token_ids
 
 from .base import Backend, FinishReason, GenerationRequest, GenerationResult
 
 logger = logging.getLogger(__name__)
 
+#: The environment variable the API key is read from when none is given.
+API_KEY_ENV = "OPENAI_API_KEY"
+#: Characters of text one generated token may account for, when neither the server nor a local
+#: tokenizer gives token ids (real text averages 3 to 5; the longest tokens of common
+#: vocabularies, runs of ``#`` or spaces, spell about 80).
+MAX_CHARS_PER_TOKEN = 32
+
 _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
+_SECONDS = re.compile(r"\d+(\.\d+)?")
 _RETRY_STATUS = {408, 409, 425, 429}
+_MAX_TOKEN_ID = 2**31
+#: The byte bound of an answer (see the module docstring).
+_BASE_BYTES = 64 * 1024
+_ECHO_BYTES_PER_REQUEST_BYTE = 8
+_BYTES_PER_ENTRY = 512
+#: How much of an error answer is read, and how many characters of server text a message quotes.
+_ERROR_BODY_BYTES = 4096
+_QUOTE_CHARS = 300
+#: httpcore trace events whose return value is the request's (new) network stream.
+_STREAM_EVENTS = (".connect_tcp.complete", ".connect_unix_socket.complete", ".start_tls.complete")
 
 
 class _RetryableError(Exception):
-    """A failure worth retrying (connection, timeout, 429, 5xx, malformed answer)."""
+    """A failure worth retrying (connection, timeout, 429, 5xx, malformed answer);
+    ``retry_after``: the seconds the server asked to wait first, if it did."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
-class _RejectedError(Exception):
-    """The server rejected the request (4xx other than the retryable ones): not retried."""
+class _FinalError(Exception):
+    """A failure a retry would repeat (a rejected request, a redirect, an oversized answer)."""
 
 
 @dataclass
 class OpenAIConfig:
     """Settings of :class:`OpenAICompatibleBackend`. ``backoff_s`` doubles on each retry up to
-    ``max_backoff_s`` (with up to 25 % jitter). ``extra_body`` is merged into every request."""
+    ``max_backoff_s`` (with up to 25 % jitter); a server's ``Retry-After`` lengthens a wait, and
+    one request waits ``max_retry_wait_s`` in all at most. ``timeout_s`` bounds each attempt as a
+    whole and ``max_response_bytes`` the size of any answer. ``extra_body`` is merged into every
+    request. ``api_key`` defaults to the ``OPENAI_API_KEY`` environment variable (``""``: send
+    none) and is left out of the ``repr``."""
 
     base_url: str
     model: str
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
     max_concurrency: int = 8
     timeout_s: float = 60.0
     max_retries: int = 3
@@ -75,6 +141,135 @@ class OpenAIConfig:
     vllm_token_ids: bool = True
     extra_body: dict[str, Any] = field(default_factory=dict)
     prompt_ids_as_text: bool = False
+    max_response_bytes: int = 64 * 2**20
+    max_retry_wait_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.api_key is None:
+            self.api_key = os.environ.get(API_KEY_ENV)
+        if self.api_key is not None:
+            self.api_key = self.api_key.strip()
+            if not (self.api_key.isascii() and self.api_key.isprintable()):
+                raise ValueError(
+                    "the API key has characters an HTTP header cannot carry (control characters"
+                    " or non-ASCII); the key is not shown: check api_key or $" + API_KEY_ENV
+                )
+        for name in ("max_concurrency", "max_response_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if not self.max_retry_wait_s >= 0:
+            raise ValueError(f"max_retry_wait_s must be >= 0, got {self.max_retry_wait_s}")
+
+
+def quote(value: str | bytes, limit: int = _QUOTE_CHARS, secret: str | None = None) -> str:
+    """``value`` (server text, or bytes read as UTF-8) safe to print and log: ``secret`` masked,
+    at most ``limit`` characters, and every non-printable character (control characters, the ESC
+    of terminal escape sequences, line breaks, bidirectional overrides) written as its Python
+    escape, so that it cannot act on a terminal."""
+    if isinstance(value, bytes):  # a character is at most 4 bytes
+        head = value[: 4 * limit + len(secret or "")]
+        text, unit, whole = head.decode("utf-8", "replace"), "bytes", len(head) == len(value)
+    else:
+        text, unit, whole = value, "characters", True
+    if secret:
+        text = text.replace(secret, "[api key]")
+    cut = text[:limit]
+    shown = printable(cut)
+    return shown if whole and cut == text else f"{shown}... [cut: {len(value)} {unit} in all]"
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """The wait a ``Retry-After`` header asks for, in seconds (``None`` without one, or when it is
+    neither a number of seconds nor an HTTP date: that is logged)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if _SECONDS.fullmatch(value):
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        logger.warning("ignoring Retry-After %s: neither seconds nor an HTTP date", quote(value))
+        return None
+    if when.tzinfo is None:  # HTTP dates are in GMT
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+class _Deadline:
+    """The wall-clock budget of one HTTP attempt. From ``timeout_s`` after it starts, the
+    connection is shut down (a blocked read or write then returns at once), whichever phase the
+    attempt is in; :meth:`trace` (httpcore's ``trace`` request extension) learns the socket."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._end = time.monotonic() + timeout_s
+        self._lock = threading.Lock()
+        self._socket: socket.socket | None = None
+        self._fired = False
+        self._timer = threading.Timer(timeout_s, self._fire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        with self._lock:
+            self._socket = None
+
+    @property
+    def expired(self) -> bool:
+        """Whether the budget is spent."""
+        return time.monotonic() >= self._end
+
+    def check(self) -> None:
+        """Raise the timeout error once the budget is spent."""
+        if self.expired:
+            raise _RetryableError(self.message())
+
+    def message(self) -> str:
+        """What a timed-out attempt reports."""
+        return f"timed out: no complete answer within timeout_s={self.timeout_s:g} s"
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        """Remember the socket of a new connection (TCP, then TLS over it); cut it at once when
+        the budget ran out while connecting."""
+        if event.endswith(_STREAM_EVENTS) and info.get("return_value") is not None:
+            with self._lock:
+                self._socket = info["return_value"].get_extra_info("socket")
+                if self._fired:
+                    self._cut()
+
+    def _fire(self) -> None:
+        with self._lock:
+            self._fired = True
+            self._cut()
+
+    def _cut(self) -> None:
+        if self._socket is not None:
+            with contextlib.suppress(OSError):  # already closed
+                self._socket.shutdown(socket.SHUT_RDWR)
+
+
+def _read(response: Any, limit: int, deadline: _Deadline) -> bytes:
+    """The body of ``response`` (sent uncompressed), read chunk by chunk until it ends or passes
+    ``limit`` bytes (the caller sees that from the length), checking ``deadline`` after every
+    chunk."""
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_bytes():
+        deadline.check()
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            break
+    return b"".join(chunks)
 
 
 class OpenAICompatibleBackend(Backend):
@@ -99,31 +294,33 @@ class OpenAICompatibleBackend(Backend):
         tokenizer: Any = None,
         transport: Any = None,
         prompt_ids_as_text: bool = False,
+        max_response_bytes: int = 64 * 2**20,
+        max_retry_wait_s: float = 60.0,
     ) -> None:
         """Talk to ``base_url`` (with or without the trailing ``/v1``) serving ``model``.
+        ``api_key``: ``None`` reads ``OPENAI_API_KEY``, ``""`` sends no key.
         ``tokenizer``: a Hugging Face tokenizer, or a local path / hub id to load one from.
-        ``transport``: an ``httpx`` transport to use instead of the network (tests, proxies).
+        ``transport``: an ``httpx`` transport to use instead of the network (tests, proxies); the
+        deadline is then checked between body chunks only.
         ``prompt_ids_as_text``: send ``prompt_ids`` decoded (special tokens kept) for servers
         that take only text prompts, like llama-cpp-python's (needs ``tokenizer``)."""
         import httpx
 
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         self.config = OpenAIConfig(
-            base_url.rstrip("/"),
-            model,
-            api_key,
-            max_concurrency,
-            timeout_s,
-            max_retries,
-            backoff_s,
-            max_backoff_s,
-            top_logprobs,
-            vllm_token_ids,
-            dict(extra_body or {}),
-            prompt_ids_as_text,
+            base_url=base_url.rstrip("/"),
+            model=model,
+            api_key=api_key,
+            max_concurrency=max_concurrency,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            backoff_s=backoff_s,
+            max_backoff_s=max_backoff_s,
+            top_logprobs=top_logprobs,
+            vllm_token_ids=vllm_token_ids,
+            extra_body=dict(extra_body or {}),
+            prompt_ids_as_text=prompt_ids_as_text,
+            max_response_bytes=max_response_bytes,
+            max_retry_wait_s=max_retry_wait_s,
         )
         root = self.config.base_url
         self._api = root if root.endswith("/v1") else root + "/v1"
@@ -135,11 +332,13 @@ class OpenAICompatibleBackend(Backend):
         self.tokenizer = tokenizer
         if prompt_ids_as_text and tokenizer is None:
             raise ValueError("prompt_ids_as_text=True needs a tokenizer to decode prompt_ids")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        headers = {"Accept-Encoding": "identity", "Content-Type": "application/json"}
+        if self.config.api_key:
+            headers["Authorization"] = f"Bearer {self.config.api_key}"
         self._client = httpx.Client(
             headers=headers,
             timeout=httpx.Timeout(timeout_s),
-            limits=httpx.Limits(max_connections=max_concurrency),
+            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=0),
             transport=transport,
         )
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="selfcest-openai")
@@ -163,6 +362,9 @@ class OpenAICompatibleBackend(Backend):
             self._client.close()
 
     # -- one request --------------------------------------------------------------------------
+
+    def _quote(self, value: str | bytes, limit: int = _QUOTE_CHARS) -> str:
+        return quote(value, limit, self.config.api_key)
 
     def _payload(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {
@@ -198,56 +400,135 @@ class OpenAICompatibleBackend(Backend):
         body.update(self.config.extra_body)
         return path, body
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _byte_cap(self, request_bytes: int, max_new_tokens: int) -> int:
+        """The most bytes an answer to a request of ``request_bytes`` may have."""
+        entries = 2 + self.config.top_logprobs  # the text, the sampled token, the alternatives
+        cap = (
+            _BASE_BYTES
+            + _ECHO_BYTES_PER_REQUEST_BYTE * request_bytes
+            + max_new_tokens * entries * _BYTES_PER_ENTRY
+        )
+        return min(cap, self.config.max_response_bytes)
+
+    def _post(self, url: str, content: bytes, max_new_tokens: int) -> bytes:
+        """The raw body of a 2xx answer to ``content`` posted to ``url``, within ``timeout_s``
+        and the byte bound of ``max_new_tokens``."""
         import httpx
 
-        try:
-            response = self._client.post(self._api + path, json=body)
-        except (httpx.TransportError, httpx.TimeoutException) as exc:
-            raise _RetryableError(f"{type(exc).__name__}: {exc}") from exc
-        if response.status_code >= 500 or response.status_code in _RETRY_STATUS:
-            raise _RetryableError(f"HTTP {response.status_code}: {response.text[:300]}")
-        if response.status_code >= 400:
-            raise _RejectedError(f"HTTP {response.status_code}: {response.text[:500]}")
-        try:
-            return response.json()
-        except ValueError as exc:
-            raise _RetryableError(f"malformed answer, not JSON: {response.text[:200]!r}") from exc
+        cap = self._byte_cap(len(content), max_new_tokens)
+        with _Deadline(self.config.timeout_s) as deadline:
+            try:
+                with self._client.stream(
+                    "POST", url, content=content, extensions={"trace": deadline.trace}
+                ) as response:
+                    if not 200 <= response.status_code < 300:
+                        body = _read(response, _ERROR_BODY_BYTES, deadline)
+                        raise self._status_error(url, response, body)
+                    encoding = response.headers.get("content-encoding", "identity")
+                    if encoding.strip().lower() != "identity":
+                        raise _FinalError(
+                            f"the server sent a {self._quote(encoding, 40)}-encoded answer "
+                            "although the request asked for none (Accept-Encoding: identity)"
+                        )
+                    raw = _read(response, cap, deadline)
+            except httpx.HTTPError as exc:
+                if deadline.expired or isinstance(exc, httpx.TimeoutException):
+                    raise _RetryableError(deadline.message()) from exc
+                raise _RetryableError(f"{type(exc).__name__}: {self._quote(str(exc))}") from exc
+        if len(raw) > cap:
+            raise _FinalError(
+                f"answer over {cap} bytes, the bound for max_new_tokens={max_new_tokens} and a "
+                f"request of {len(content)} bytes (64 KiB + 8 bytes per request byte + 512 bytes"
+                " per token and logprob entry, at most max_response_bytes="
+                f"{self.config.max_response_bytes}): the server ignores max_tokens or sends more"
+                " than was asked; not retried"
+            )
+        return raw
+
+    def _status_error(self, url: str, response: Any, body: bytes) -> Exception:
+        """The error for a non-2xx answer: redirects and 4xx are final, the others retried."""
+        status = response.status_code
+        if 300 <= status < 400:
+            location = response.headers.get("location")
+            if location is None:
+                return _FinalError(
+                    f"server answered HTTP {status} (a redirect) without a Location: set "
+                    "base_url to the server's OpenAI-compatible address"
+                )
+            target = urljoin(url, location)
+            path = url[len(self._api) :]
+            hint = (
+                f"set base_url to {self._quote(target[: -len(path)])}"
+                if target.endswith(path)
+                else "set base_url to the address it redirects to"
+            )
+            return _FinalError(
+                f"server answered HTTP {status}, a redirect to {self._quote(target)}; redirects"
+                f" are not followed: {hint}"
+            )
+        message = f"HTTP {status}: {self._quote(body)}"
+        if status >= 500 or status in _RETRY_STATUS:
+            return _RetryableError(
+                message, retry_after_seconds(response.headers.get("retry-after"))
+            )
+        return _FinalError(message)
 
     def _one(self, request: GenerationRequest) -> GenerationResult:
+        try:
+            return self._attempts(request)
+        except Exception as exc:  # a bad request or answer fails alone, not the batch
+            return GenerationResult.failed(f"{type(exc).__name__}: {self._quote(str(exc))}")
+
+    def _attempts(self, request: GenerationRequest) -> GenerationResult:
         path, body = self._payload(request)
-        delay = self.config.backoff_s
-        last = ""
-        for attempt in range(self.config.max_retries + 1):
+        url = self._api + path
+        content = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+        delay, waited, last = self.config.backoff_s, 0.0, ""
+        for attempt in range(1, self.config.max_retries + 2):
             try:
-                data = self._post(path, body)
-                try:
-                    return self._parse(request, data)
-                except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-                    raise _RetryableError(
-                        f"malformed answer ({type(exc).__name__}: {exc}): {str(data)[:200]}"
-                    ) from exc
-            except _RejectedError as exc:
+                return self._answer(request, self._post(url, content, request.max_new_tokens))
+            except _FinalError as exc:
                 return GenerationResult.failed(str(exc))
             except _RetryableError as exc:
                 last = str(exc)
-                if attempt == self.config.max_retries:
+                if attempt > self.config.max_retries:
                     break
-                logger.warning("request failed (%s); retry %d in %.2f s", last, attempt + 1, delay)
-                time.sleep(delay * (1 + 0.25 * random.random()))
+                wait = max(delay * (1 + 0.25 * random.random()), exc.retry_after or 0.0)
+                left = self.config.max_retry_wait_s - waited
+                if wait > left:
+                    asked = "" if exc.retry_after is None else " (the server's Retry-After)"
+                    return GenerationResult.failed(
+                        f"{url} failed after {attempt} attempt(s): {last}; not retried: the "
+                        f"next attempt would wait {wait:.1f} s{asked}, more than the "
+                        f"{left:.1f} s left of max_retry_wait_s={self.config.max_retry_wait_s:g}"
+                    )
+                logger.warning("request failed (%s); retry %d in %.2f s", last, attempt, wait)
+                time.sleep(wait)
+                waited += wait
                 delay = min(delay * 2, self.config.max_backoff_s)
-            except Exception as exc:  # a bad request or answer fails alone, not the batch
-                return GenerationResult.failed(f"{type(exc).__name__}: {exc}")
         return GenerationResult.failed(
-            f"{self._api}{path} failed after {self.config.max_retries + 1} attempts: {last}"
+            f"{url} failed after {self.config.max_retries + 1} attempts: {last}"
         )
 
     # -- parsing ------------------------------------------------------------------------------
 
+    def _answer(self, request: GenerationRequest, raw: bytes) -> GenerationResult:
+        """The result a raw answer holds; a malformed one raises :class:`_RetryableError`."""
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+            raise _RetryableError(f"malformed answer, not JSON: {self._quote(raw, 200)}") from exc
+        try:
+            return self._parse(request, data)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise _RetryableError(
+                f"malformed answer ({type(exc).__name__}: {self._quote(str(exc), 200)}): "
+                f"{self._quote(raw, 200)}"
+            ) from exc
+
     def _parse(self, request: GenerationRequest, data: dict[str, Any]) -> GenerationResult:
         choice = data["choices"][0]
-        usage = data.get("usage") or {}
-        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        prompt_tokens = self._prompt_tokens(data.get("usage"))
         if request.messages is not None:
             text = (choice.get("message") or {}).get("content") or ""
             content = (choice.get("logprobs") or {}).get("content") or []
@@ -264,6 +545,15 @@ class OpenAICompatibleBackend(Backend):
         finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
         ids = self._token_ids(choice, pieces, text)
         if ids is None:
+            bound = request.max_new_tokens * MAX_CHARS_PER_TOKEN
+            if len(text) > bound:
+                logger.warning(
+                    "answer of %d characters for max_new_tokens=%d and no token ids: cut to %d",
+                    len(text),
+                    request.max_new_tokens,
+                    bound,
+                )
+                text, finish = text[:bound], "length"
             return GenerationResult(text, [], [], finish, prompt_tokens)
         if len(logps) != len(ids):
             if logps:
@@ -283,12 +573,25 @@ class OpenAICompatibleBackend(Backend):
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return GenerationResult(text, ids, logps, finish, prompt_tokens)
 
+    def _prompt_tokens(self, usage: Any) -> int:
+        """``usage.prompt_tokens`` when it is a count, else 0 (the backend does not need it: a
+        malformed ``usage`` is logged, and the answer kept)."""
+        count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+            return count
+        if count is not None or not isinstance(usage, dict | None):
+            logger.warning(
+                "ignoring the server's malformed usage field: %s",
+                self._quote(reprlib.repr(usage), 200),
+            )
+        return 0
+
     def _token_ids(self, choice: dict[str, Any], pieces: list[str], text: str) -> list[int] | None:
         if isinstance(choice.get("token_ids"), list):
-            return [int(t) for t in choice["token_ids"]]
+            return _checked_ids(choice["token_ids"])
         matches = [_TOKEN_ID.match(p) for p in pieces]
         if pieces and all(matches):
-            return [int(m.group(1)) for m in matches if m]
+            return _checked_ids([int(m.group(1)) for m in matches if m])
         if self.tokenizer is None:
             return None
         table = self._pieces()
@@ -296,7 +599,7 @@ class OpenAICompatibleBackend(Backend):
             ids = [table[p] for p in pieces]
             if self.tokenizer.decode(ids, skip_special_tokens=True) == text:
                 return ids
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return plain_token_ids(self.tokenizer, text)
 
     def _pieces(self) -> dict[str, int]:
         """Decoded single token -> id (the first id wins), built once."""
@@ -312,3 +615,11 @@ class OpenAICompatibleBackend(Backend):
                         table.setdefault(piece, index)
                 self._piece_to_id = table
             return self._piece_to_id
+
+
+def _checked_ids(values: list[Any]) -> list[int]:
+    """``values`` when every one is a token id (an int in ``[0, 2**31)``), else ValueError."""
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_TOKEN_ID:
+            raise ValueError(f"token id {quote(reprlib.repr(value))} is not an int in [0, 2**31)")
+    return list(values)
