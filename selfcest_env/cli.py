@@ -19,23 +19,42 @@ Subcommands (``selfcest <command> --help`` explains every option):
 
 The CLI is the one place of ``selfcest_env`` that uses the bundled agents and backends; it
 imports them lazily, inside the functions that need them, so ``import selfcest_env`` never
-does. Exit codes: 0 done, 1 a run failed, 2 bad arguments (one error line), 130 interrupted.
+does. Exit codes: 0 done, 1 a run failed or a file could not be read or written (one error
+line per failure, saying what to do), 2 bad arguments (one error line), 130 interrupted.
+
+Everything the CLI prints (results, warnings, errors) goes through one filter: control
+characters escaped, one line per message, API keys redacted (:func:`_terminal_line`), since
+run folders, models and servers can put any text there.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import logging
+import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
 from selfcest_env.registration import MATH_ENV_ID, QA_ENV_ID
-from selfcest_env.results import ResultsError, RunFolder, RunSpec, read_episodes
+from selfcest_env.results import (
+    CorruptRunError,
+    ResultsError,
+    RunData,
+    RunFolder,
+    RunSpec,
+    RunSpecEditedError,
+    first_episodes,
+    is_run_dir,
+    load_run,
+    stats_file_current,
+)
 from selfcest_env.suites import (
     DEFAULT_SOURCES,
     SuiteConfig,
@@ -43,11 +62,13 @@ from selfcest_env.suites import (
     describe_suite,
     split_list,
 )
+from selfcest_env.text import printable
 
 logger = logging.getLogger(__name__)
 
 ENV_IDS: tuple[str, ...] = (MATH_ENV_ID, QA_ENV_ID)
 BACKEND_NAMES: tuple[str, ...] = ("transformers", "openai", "vllm")
+EXIT_FAILED = 1
 EXIT_BAD_ARGS = 2
 EXIT_INTERRUPTED = 130
 
@@ -63,6 +84,88 @@ def _one_line(text: str, limit: int = 1000) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# What the CLI writes: every line from here, escaped and with secrets redacted
+
+#: Environment variable the OpenAI-compatible backend reads its API key from.
+API_KEY_ENV = "OPENAI_API_KEY"
+
+#: API keys given to this process in backend arguments (:func:`requests_from_suite` adds
+#: them); with the value of :data:`API_KEY_ENV` they are redacted from every line and error
+#: record the CLI writes.
+_SECRETS: set[str] = set()
+
+#: Shorter "keys" (``none``, ``x``, what a local server ignores) are not redacted: that would
+#: mangle every message without hiding anything.
+_MIN_SECRET_LEN = 6
+
+
+def _redact(text: str) -> str:
+    """``text`` with every API key known to this process replaced by ``<redacted>``."""
+    for secret in {*_SECRETS, os.environ.get(API_KEY_ENV, "")}:
+        if len(secret) >= _MIN_SECRET_LEN:
+            text = text.replace(secret, "<redacted>")
+    return text
+
+
+def _terminal_line(text: str) -> str:
+    """``text`` as one safe terminal line: secrets redacted, white space collapsed, cut, and
+    control characters escaped (text from a model, a server or a run folder can neither drive
+    the terminal nor forge a second line)."""
+    return printable(_one_line(_redact(str(text)), limit=4000))
+
+
+def _say(lines: Iterable[str]) -> None:
+    """Write each of ``lines`` to stdout as one line (control characters escaped, secrets
+    redacted)."""
+    for line in lines:
+        sys.stdout.write(printable(_redact(str(line))) + "\n")
+    sys.stdout.flush()
+
+
+def _error(prog: str, message: str) -> None:
+    """The one error line ``<prog>: error: <message>`` on stderr."""
+    sys.stderr.write(_terminal_line(f"{prog}: error: {message}") + "\n")
+    sys.stderr.flush()
+
+
+class _LineFormatter(logging.Formatter):
+    """Log records as ``selfcest <command>: <level>: <message>`` lines, made safe by
+    :func:`_terminal_line` (a traceback, where one is logged, follows line by line)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__()
+        self.prog = prog
+
+    def format(self, record: logging.LogRecord) -> str:
+        """One line per record, then the escaped lines of its traceback if it has one."""
+        text = _terminal_line(f"{self.prog}: {record.levelname.lower()}: {record.getMessage()}")
+        if record.exc_info:
+            trace = self.formatException(record.exc_info).splitlines()
+            text += "".join("\n" + printable(_redact(line)) for line in trace)
+        return text
+
+
+#: Errors that mean the disk (or the file size limit) is full: the CLI stops, since every
+#: other run would fail the same way.
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+_NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def _describe_os_error(exc: OSError) -> str:
+    """What failed and what to do about it, for an error line."""
+    where = f"{exc.filename}: " if exc.filename else ""
+    what = f"{where}{exc.strerror or exc}"
+    if exc.errno in _DISK_FULL:
+        return (
+            f"{what}: the disk or the file size limit is full; free some space, then rerun the "
+            "same command (finished episodes are kept, nothing is played twice)"
+        )
+    if exc.errno in _NOT_WRITABLE:
+        return f"{what}: the folder is not writable; make it writable, or choose another --out"
+    return f"{what}; fix that, then rerun the same command (finished episodes are kept)"
+
+
+# --------------------------------------------------------------------------------------------
 # Argument parsing helpers
 
 
@@ -71,7 +174,10 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         """Write ``<prog>: error: <message>`` and exit with code 2."""
-        self.exit(EXIT_BAD_ARGS, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(
+            EXIT_BAD_ARGS,
+            _terminal_line(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n",
+        )
 
 
 def _agent_names() -> tuple[str, ...]:
@@ -164,6 +270,45 @@ def _source_names(env_id: str) -> tuple[str, ...]:
 # Runs
 
 
+#: Backend arguments that change nothing a model writes, only how requests travel (how many
+#: at once, how long to wait, how often to retry, CPU threads): left out of the run spec, so
+#: changing them resumes the same run folder. Every other backend argument is part of the
+#: spec and of the run folder's identity.
+TRANSPORT_BACKEND_ARGS: frozenset[str] = frozenset(
+    {
+        "max_concurrency",
+        "timeout_s",
+        "max_retries",
+        "backoff_s",
+        "max_backoff_s",
+        "max_retry_wait_s",
+        "num_threads",
+    }
+)
+
+#: Backend arguments that are secrets: never in a run spec, a file or a printed line.
+SECRET_BACKEND_ARGS: frozenset[str] = frozenset({"api_key"})
+
+
+def server_identity(url: str) -> str:
+    """The part of a server URL that says which server answers, as a run spec records it:
+    credentials (``user:key@``) and the fragment dropped, scheme and host lower-cased, a
+    trailing ``/`` or ``/v1`` removed (the backend accepts the URL with or without it).
+
+    Raises:
+        CLIError: ``url`` is not a URL.
+    """
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.netloc.rpartition("@")[2].lower()
+    except ValueError as exc:
+        raise CLIError(f"backend argument base_url={url!r} is not a URL: {exc}") from exc
+    path = parts.path.rstrip("/").removesuffix("/v1")
+    return urlunsplit((parts.scheme.lower(), host, path, parts.query, ""))
+
+
 @dataclass(frozen=True)
 class BackendConfig:
     """Which model backend to build (shared by every run that asks for the same one)."""
@@ -175,6 +320,18 @@ class BackendConfig:
     def key(self) -> str:
         """A hashable identity."""
         return json.dumps([self.name, self.model, self.args], sort_keys=True, default=str)
+
+    def spec_args(self) -> dict[str, Any]:
+        """The backend arguments a run spec records: all but :data:`TRANSPORT_BACKEND_ARGS`
+        and :data:`SECRET_BACKEND_ARGS`, ``base_url`` as its :func:`server_identity`."""
+        args = {
+            k: v
+            for k, v in self.args.items()
+            if k not in TRANSPORT_BACKEND_ARGS and k not in SECRET_BACKEND_ARGS
+        }
+        if isinstance(args.get("base_url"), str):
+            args["base_url"] = server_identity(args["base_url"])
+        return args
 
     def model_name(self) -> str:
         """The ``model_name`` the backend will report (without building it)."""
@@ -240,7 +397,8 @@ class RunRequest:
 
 @dataclass
 class RunOutcome:
-    """What one run did: its folder, episodes played now, episodes recorded, accuracy."""
+    """What one run did: its folder, episodes played now, and the figures of the episodes it
+    asked for (``requested``: episodes ``0 .. requested - 1``, however many the folder holds)."""
 
     path: Path
     spec: RunSpec
@@ -252,6 +410,7 @@ class RunOutcome:
     errored: int = 0
     last_error: str | None = None
     gave_up: bool = False
+    requested: int | None = None
 
 
 class _PendingBackend:
@@ -333,6 +492,13 @@ class Runner:
                 else None
             )
             agent = self._agent(request, stand_in)
+        extra: dict[str, Any] = {
+            "env_args": request.env_args,
+            "agent_options": request.agent_options,
+        }
+        backend_args = request.backend.spec_args() if info.needs_backend else {}
+        if backend_args:  # absent when empty: run folders made before keep their identity
+            extra["backend_args"] = backend_args
         return RunSpec(
             env_id=request.env,
             source=request.source,
@@ -343,7 +509,7 @@ class Runner:
             backend=request.backend.name if info.needs_backend else "",
             budget=dict(request.budget),
             seed=request.seed,
-            extra={"env_args": request.env_args, "agent_options": request.agent_options},
+            extra=extra,
         )
 
     @staticmethod
@@ -384,6 +550,10 @@ class Runner:
         if agent_info(request.agent).needs_backend:
             _check_backend_args(request.backend)
         try:
+            self.spec_for(request, agent)
+        except ResultsError as exc:  # e.g. a suite value that JSON cannot hold
+            raise CLIError(f"{request.agent}: bad run settings: {exc}") from exc
+        try:
             env = self.make_env_factory(request, agent, None)()
             try:
                 env.reset(seed=request.seed, options={"index": request.episodes - 1})
@@ -399,58 +569,88 @@ class Runner:
     # playing --------------------------------------------------------------------------------
 
     def run(self, request: RunRequest) -> RunOutcome:
-        """Play the episodes of ``request`` that its run folder lacks; write ``stats.json``."""
+        """Play the episodes of ``request`` that its run folder lacks; write ``stats.json``.
+
+        A run whose requested episodes are all recorded is only read (a read-only folder is
+        fine); its ``stats.json`` is rewritten if it lags behind, where the folder allows.
+
+        Raises:
+            ResultsError: the run folder is corrupt, edited, a link, or holds another spec.
+            OSError: the run folder cannot be written (read-only, full disk).
+        """
         from selfcest_env.agents.registry import agent_info
-        from selfcest_env.rollout import episode_specs, run_episodes
 
         spec = self.spec_for(request)
         started = time.perf_counter()
+        path = self.out / spec.run_id
+        if is_run_dir(path) and not path.is_symlink():  # RunFolder refuses a link
+            data = load_run(path)
+            done = {e["episode"] for e in data.episodes}
+            if all(i in done for i in range(request.episodes)):
+                self._refresh_stats(data)
+                return _outcome(request, data, 0, started)
         backend = None
         if agent_info(request.agent).needs_backend:
-            done = {e["episode"] for e in read_episodes(self.out / spec.run_id)}
-            if any(i not in done for i in range(request.episodes)):
-                backend = self._backend(request.backend)  # before a bad model makes a folder
+            backend = self._backend(request.backend)  # before a bad model makes a folder
         with RunFolder(self.out, spec) as folder:
-            missing = folder.missing_episodes(request.episodes)
-            played, gave_up = 0, False
-            if missing:
-                agent = self._agent(request, backend)
-                real = self.spec_for(request, agent)
-                if real != spec:
-                    raise CLIError(
-                        f"the loaded model reports {real.model!r}, not {spec.model!r}; pass "
-                        "--model explicitly"
-                    )
-                tokenizer = getattr(backend, "tokenizer", None)
-                results = run_episodes(
-                    self.make_env_factory(request, agent, tokenizer),
-                    agent,
-                    episode_specs(missing, seed=request.seed),
-                    parallel=request.parallel,
-                    progress=False,
-                )
-                try:
-                    played, gave_up = self._consume(folder, results, request)
-                finally:
-                    results.close()
-                    folder.write_stats()
-            elif not folder.stats_current():  # a kill can leave it behind the episodes
+            played, gave_up = self._play(folder, request, spec, backend)
+            data = RunData(folder.path, spec, {}, folder.episodes, folder.errors)
+        return _outcome(request, data, played, started, gave_up=gave_up)
+
+    def _refresh_stats(self, data: RunData) -> None:
+        """Rewrite a lagging ``stats.json`` (a kill can leave it behind the episodes); where
+        the folder cannot be written, say so and go on: the figures are computed from the
+        episodes anyway."""
+        if stats_file_current(data.path, data.stats()):
+            return
+        try:
+            with RunFolder(self.out, data.spec, path=data.path) as folder:
                 folder.write_stats()
-            stats = folder.stats()
-            errors = folder.errors
-        gen = stats["meters"]["gen_tokens"]["mean"]
-        return RunOutcome(
-            folder.path,
-            spec,
-            played,
-            stats["n"],
-            stats["accuracy"],
-            gen,
-            time.perf_counter() - started,
-            errored=len(stats["errored_episodes"]),
-            last_error=errors[-1]["error"] if errors else None,
-            gave_up=gave_up,
+        except OSError as exc:
+            logger.warning(
+                "%s: stats.json lags behind the episodes and cannot be rewritten (%s); the "
+                "figures reported here are computed from episodes.jsonl",
+                data.path,
+                exc.strerror or exc,
+            )
+
+    def _play(
+        self, folder: RunFolder, request: RunRequest, spec: RunSpec, backend: Any
+    ) -> tuple[int, bool]:
+        """Play the missing episodes into ``folder``; return the episodes recorded and whether
+        the run gave up (see :meth:`_consume`)."""
+        from selfcest_env.rollout import episode_specs, run_episodes
+
+        missing = folder.missing_episodes(request.episodes)
+        if not missing:  # a folder that had lost its run_spec.json, or one finished meanwhile
+            if not folder.stats_current():
+                folder.write_stats()
+            return 0, False
+        agent = self._agent(request, backend)
+        real = self.spec_for(request, agent)
+        if real != spec:
+            raise CLIError(
+                f"the loaded model reports {real.model!r}, not {spec.model!r}; pass "
+                "--model explicitly"
+            )
+        results = run_episodes(
+            self.make_env_factory(request, agent, getattr(backend, "tokenizer", None)),
+            agent,
+            episode_specs(missing, seed=request.seed),
+            parallel=request.parallel,
+            progress=False,
         )
+        try:
+            played, gave_up = self._consume(folder, results, request)
+        except BaseException:
+            # best effort: a stats.json left behind is rewritten by the next run
+            with contextlib.suppress(OSError, ResultsError):
+                folder.write_stats()
+            raise
+        finally:
+            results.close()
+        folder.write_stats()
+        return played, gave_up
 
     def _consume(self, folder: RunFolder, results: Any, request: RunRequest) -> tuple[int, bool]:
         """Append every result as it arrives (an episode a backend error ended goes to
@@ -461,7 +661,7 @@ class Runner:
         """
         from tqdm.auto import tqdm
 
-        recorded = folder.episodes
+        recorded = first_episodes(folder.episodes, request.episodes)
         correct = sum(1 for e in recorded if e["correct"])
         done = len(recorded)
         budget = ",".join(f"{k}={v}" for k, v in request.budget.items()) or "default"
@@ -479,10 +679,12 @@ class Runner:
         try:
             for result in results:
                 if result.error is not None:
-                    folder.append_error(result.to_record())
+                    record = result.to_record()
+                    record["error"] = _redact(record["error"])  # a server may echo the key
+                    folder.append_error(record)
                     errors += 1
                     in_a_row += 1
-                    bar.set_postfix(errors=errors, last_error=result.error[:60])
+                    bar.set_postfix(errors=errors, last_error=_terminal_line(result.error)[:60])
                     if in_a_row >= limit:
                         logger.error(
                             "giving up on %s after %d episodes in a row ended with a backend "
@@ -530,6 +732,15 @@ def requests_from_suite(
     from selfcest_env.tasks.base import SPLITS
 
     valid_agents = _agent_names()
+    secrets = {str(v) for k, v in suite.backend_args.items() if k in SECRET_BACKEND_ARGS}
+    if secrets:
+        _SECRETS.update(secrets)
+        logger.warning(
+            "an API key given as a backend argument or in a suite file can be seen by other "
+            "users (ps) and ends up in shell histories and commits; set %s instead (either "
+            "way it is never written to a run folder)",
+            API_KEY_ENV,
+        )
     requests: list[RunRequest] = []
     for number, entry in enumerate(suite.runs):
         where = f"suite {suite.name}, runs[{number}]: " if name_entries else ""
@@ -587,42 +798,96 @@ def requests_from_suite(
     return requests
 
 
+def _outcome(
+    request: RunRequest, data: RunData, played: int, started: float, *, gave_up: bool = False
+) -> RunOutcome:
+    """The outcome of ``request`` from its folder's records: the figures of episodes
+    ``0 .. request.episodes - 1`` only."""
+    stats = data.stats(request.episodes)
+    errors = first_episodes(data.errors, request.episodes)
+    return RunOutcome(
+        data.path,
+        data.spec,
+        played,
+        stats["n"],
+        stats["accuracy"],
+        stats["meters"]["gen_tokens"]["mean"],
+        time.perf_counter() - started,
+        errored=len(stats["errored_episodes"]),
+        last_error=errors[-1]["error"] if errors else None,
+        gave_up=gave_up,
+        requested=request.episodes,
+    )
+
+
+@dataclass
+class Execution:
+    """What :func:`execute` did: the exit code, the outcome of every run that could be read
+    or played, and whether it stopped early (a full disk) before trying every run."""
+
+    code: int
+    outcomes: list[RunOutcome] = field(default_factory=list)
+    stopped: bool = False
+
+
+def _request_label(request: RunRequest) -> str:
+    budget = ",".join(f"{k}={v}" for k, v in request.budget.items()) or "default budget"
+    return f"{request.agent} on {request.env} {request.source}/{request.split} ({budget})"
+
+
 def execute(
-    requests: Sequence[RunRequest], out: str | Path, *, progress: bool, dry_run: bool = False
-) -> int:
+    requests: Sequence[RunRequest],
+    out: str | Path,
+    *,
+    progress: bool,
+    dry_run: bool = False,
+    prog: str = "selfcest",
+) -> Execution:
     """Check, then play every request into ``out``; write one summary line per run to stdout.
 
-    ``dry_run``: check only. Returns the exit code: 0, or 1 when a run failed with a results
-    error or left episodes that a backend error ended (one stderr line per such run; rerunning
-    the same command plays them again).
+    ``dry_run``: check only. The exit code is 0, or 1 when a run failed (its folder is
+    corrupt, edited or not writable) or left episodes that a backend error ended: one
+    ``<prog>: error: ...`` line on stderr per such run, saying what to do; the other runs go
+    on. A full disk stops every run after the one that hit it (the rest would fail alike).
+    Rerunning the same command resumes where it stopped.
     """
     runner = Runner(out, progress=progress)
-    failed = 0
+    result = Execution(0)
     try:
         for request in requests:
             runner.check(request)
         if dry_run:
-            return 0
+            return result
         for request in requests:
             try:
                 outcome = runner.run(request)
-            except ResultsError as exc:
-                failed += 1
-                logger.error("run %s/%s failed: %s", request.agent, request.budget, exc)
-                sys.stderr.write(f"selfcest: run failed: {exc}\n")
+            except (ResultsError, OSError) as exc:
+                result.code = EXIT_FAILED
+                if isinstance(exc, ResultsError):
+                    advice = ""
+                    if isinstance(exc, CorruptRunError) and not isinstance(exc, RunSpecEditedError):
+                        advice = "; move that run folder away, then rerun to play the run again"
+                    _error(prog, f"run {_request_label(request)} failed: {exc}{advice}")
+                    continue
+                _error(prog, f"run {_request_label(request)} stopped: {_describe_os_error(exc)}")
+                if exc.errno in _DISK_FULL:
+                    result.stopped = True
+                    break
                 continue
+            result.outcomes.append(outcome)
             _report_run(outcome)
             if outcome.errored:
-                failed += 1
+                result.code = EXIT_FAILED
                 stopped = "; gave up (backend down?)" if outcome.gave_up else ""
-                sys.stderr.write(
-                    f"selfcest: {outcome.path.name}: {outcome.errored} episode(s) ended with a "
-                    f"backend error{stopped}; last: {_one_line(outcome.last_error or '')}; "
-                    "rerun the same command to retry them\n"
+                _error(
+                    prog,
+                    f"{outcome.path.name}: {outcome.errored} episode(s) ended with a backend "
+                    f"error{stopped}; last: {outcome.last_error or ''}; rerun the same command "
+                    "to retry them",
                 )
     finally:
         runner.close()
-    return 1 if failed else 0
+    return result
 
 
 def _report_run(outcome: RunOutcome) -> None:
@@ -633,15 +898,20 @@ def _report_run(outcome: RunOutcome) -> None:
     else:
         state = "complete, nothing to play"
     errors = f" errors={outcome.errored}" if outcome.errored else ""
-    sys.stdout.write(
-        f"{outcome.path}  n={outcome.n} acc={acc} gen_tokens={gen}{errors} "
-        f"({state}, {outcome.wall_s:.1f}s)\n"
+    _say(
+        [
+            f"{outcome.path}  n={outcome.n} acc={acc} gen_tokens={gen}{errors} "
+            f"({state}, {outcome.wall_s:.1f}s)"
+        ]
     )
-    sys.stdout.flush()
 
 
 # --------------------------------------------------------------------------------------------
 # Subcommands
+
+
+def _prog(args: argparse.Namespace) -> str:
+    return f"selfcest {args.command}"
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -668,29 +938,36 @@ def _cmd_run(args: argparse.Namespace) -> int:
         parallel=args.parallel,
     )
     requests = requests_from_suite(suite, name_entries=False)
-    return execute(requests, args.out, progress=not args.no_progress)
+    return execute(requests, args.out, progress=not args.no_progress, prog=_prog(args)).code
 
 
 def _cmd_leaderboard(args: argparse.Namespace) -> int:
-    from selfcest_env.leaderboard import write_leaderboard_csv
+    from selfcest_env.leaderboard import (
+        collect_rows,
+        leaderboard_frame,
+        rank_rows,
+        write_leaderboard_csv,
+    )
 
     runs = Path(args.runs_dir)
     if not runs.is_dir():
         raise CLIError(f"{runs} is not a folder")
     out = Path(args.out) if args.out else runs / "leaderboard.csv"
-    try:
-        df = write_leaderboard_csv(out, runs)
-    except (ResultsError, OSError) as exc:
-        raise CLIError(_one_line(str(exc))) from exc
+    rows, skipped = collect_rows(runs, args.episodes)
+    df = write_leaderboard_csv(out, leaderboard_frame(rank_rows(rows)))
     _report_leaderboard(df, out)
-    return 0
+    return EXIT_FAILED if skipped else 0
 
 
 def _report_leaderboard(df: Any, out: Path) -> None:
-    sys.stdout.write(f"{out}: {len(df)} runs\n")
+    lines = [f"{out}: {len(df)} runs"]
     if len(df):
         cols = ["env_id", "agent", "budget", "n", "accuracy", "gen_tokens_mean"]
-        sys.stdout.write(df[cols].to_string(index=False) + "\n")
+        shown = df[cols].copy()
+        for col in ("env_id", "agent", "budget"):  # text from run folders: one line per cell
+            shown[col] = shown[col].map(printable)
+        lines += shown.to_string(index=False).splitlines()
+    _say(lines)
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
@@ -715,15 +992,34 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _report_paths(paths: Sequence[Path], out: Path) -> None:
-    sys.stdout.write(f"{out}: {len(paths)} files\n")
-    for path in paths:
-        sys.stdout.write(f"  {path}\n")
+    _say([f"{out}: {len(paths)} files", *(f"  {path}" for path in paths)])
+
+
+def _inside(root: Path, path: Path) -> Path:
+    """``path``, checked to stay inside ``root`` once symbolic links already in place are
+    followed; else a :class:`CLIError`."""
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise CLIError(
+            f"{path} leads outside {root} (to {path.resolve()}); remove the link, or choose "
+            "another --out"
+        )
+    return path
+
+
+#: What a suite writes inside its output folder: run folders, the leaderboard, the plots.
+SUITE_OUTPUTS: tuple[str, str, str] = ("runs", "leaderboard.csv", "plots")
 
 
 def _cmd_suite(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from selfcest_env.leaderboard import plot_leaderboard, write_leaderboard_csv
+    from selfcest_env.leaderboard import (
+        collect_rows,
+        leaderboard_frame,
+        plot_leaderboard,
+        rank_rows,
+        write_leaderboard_csv,
+    )
     from selfcest_env.suites import load_suite
 
     try:
@@ -740,15 +1036,19 @@ def _cmd_suite(args: argparse.Namespace) -> int:
         suite = replace(suite, backend_args={**suite.backend_args, **dict(args.backend_arg)})
     requests = requests_from_suite(suite, parallel=args.parallel)
     out = Path(args.out) if args.out else Path("runs") / f"suite-{suite.name}"
-    sys.stdout.write("\n".join(describe_suite(suite)) + "\n")
-    code = execute(requests, out / "runs", progress=not args.no_progress, dry_run=args.dry_run)
-    if args.dry_run:
-        return code
-    df = write_leaderboard_csv(out / "leaderboard.csv", out / "runs")
-    _report_leaderboard(df, out / "leaderboard.csv")
-    paths = plot_leaderboard(df, out / "plots")
-    _report_paths(paths, out / "plots")
-    return code
+    runs_dir, board, plots = (_inside(out, out / name) for name in SUITE_OUTPUTS)
+    _say(describe_suite(suite))
+    done = execute(
+        requests, runs_dir, progress=not args.no_progress, dry_run=args.dry_run, prog=_prog(args)
+    )
+    if args.dry_run or done.stopped:
+        return done.code
+    requested = {o.path: o.requested for o in done.outcomes}
+    rows, skipped = collect_rows(list(requested), requested)
+    df = write_leaderboard_csv(board, leaderboard_frame(rank_rows(rows)))
+    _report_leaderboard(df, board)
+    _report_paths(plot_leaderboard(df, plots), plots)
+    return EXIT_FAILED if skipped else done.code
 
 
 # --------------------------------------------------------------------------------------------
@@ -759,7 +1059,16 @@ budgets: --max-new-tokens sweeps the per-turn generation cap (the agent's sampli
 env's max_new_tokens limit); --gen-budget sweeps the env's whole-episode generation budget
 (gen_budget). Both take comma-separated positive ints or 'none'; every combination is one run.
 
-resume: rerunning the same command plays only the episodes missing from each run folder.
+resume: rerunning the same command plays only the episodes missing from each run folder. A
+run reports episodes 0..N-1 of --episodes N, even where its folder holds more from a longer run.
+
+identity: every setting that can change results (env, source, split, agent and its options,
+model, budget, seed, env args, backend arguments such as base_url or dtype) is in the run spec
+and names the folder, so two servers behind one --model never share a folder; only transport
+settings (timeouts, retries, concurrency, threads) are left out and can change on resume.
+
+API key (openai backend): set OPENAI_API_KEY; --backend-arg api_key=... works too but is seen by
+other users. The key is never written to a run folder or printed.
 
 example:
   selfcest run --env SelfCest-Math-v0 --source arithmetic --env-arg preset=easy \\
@@ -790,7 +1099,9 @@ suite file (YAML or JSON; a bare list of run entries also works):
       env_args: {preset: easy}
       agent_options: {self-consistency: {k: 4}}
 
-output: OUT/runs/<run folders>, OUT/leaderboard.csv, OUT/plots/*.png|svg
+output: OUT/runs/<run folders>, OUT/leaderboard.csv and OUT/plots/*.png|svg of the suite's
+runs (each counted to its episodes), all inside OUT. A run that fails (a corrupt run folder) is
+named in one error line; the others are still reported, ranked and plotted, exit code 1.
 """
 
 
@@ -922,6 +1233,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     board.add_argument("runs_dir", metavar="RUNS_DIR", help="folder searched for run folders")
     board.add_argument("--out", default=None, help="CSV path (default: RUNS_DIR/leaderboard.csv)")
+    board.add_argument(
+        "--episodes",
+        type=_positive_int,
+        default=None,
+        help="count only episodes 0..N-1 of each run, as a run with --episodes N reports them "
+        "(default: every episode recorded)",
+    )
     board.set_defaults(func=_cmd_leaderboard)
 
     plot = sub.add_parser(
@@ -983,20 +1301,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _discard_unwritable_stdout() -> None:
+    """After a failed write to stdout (a full disk, a closed pipe), point it at the null
+    device, so that the interpreter's last flush does not print a traceback of its own."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        with contextlib.suppress(OSError, ValueError):  # ValueError: stdout has no fd
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``selfcest`` console script; returns the exit code."""
+    """Entry point of the ``selfcest`` console script; returns the exit code.
+
+    Errors are one ``selfcest <command>: error: ...`` line on stderr (warnings one
+    ``...: warning: ...`` line each), control characters escaped and API keys redacted: exit
+    code 2 for bad arguments or settings, 1 for work that failed (a run, a file that cannot be
+    read or written), 130 when interrupted.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
-    prog = f"selfcest {args.command}"
+    prog = _prog(args)
+    handler = logging.StreamHandler()
+    handler.setFormatter(_LineFormatter(prog))
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()
+        return code
     except CLIError as exc:
-        sys.stderr.write(f"{prog}: error: {exc}\n")
+        _error(prog, str(exc))
         return EXIT_BAD_ARGS
+    except OSError as exc:
+        _discard_unwritable_stdout()
+        if not isinstance(exc, BrokenPipeError):  # the reader left (| head): nothing to say
+            _error(prog, _describe_os_error(exc))
+        return EXIT_FAILED
     except KeyboardInterrupt:
         sys.stderr.write(
             f"{prog}: interrupted; finished episodes are saved, rerun the same command to resume\n"

@@ -21,25 +21,35 @@ Requires the ``leaderboard`` extra (pandas, matplotlib).
 
 from __future__ import annotations
 
+import io
 import logging
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from selfcest_env.results import (
     ANSWERED,
     COST_METERS,
+    EPISODES_FILE,
+    ERRORS_FILE,
     METERS,
+    SPEC_FILE,
+    STATS_FILE,
     ResultsError,
     _sanitise,
+    atomic_write_bytes,
     atomic_write_text,
+    first_episodes,
     is_run_dir,
     load_run,
     quantile,
     wilson_interval,
 )
+from selfcest_env.text import printable
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -52,14 +62,18 @@ __all__ = [
     "LEADERBOARD_DTYPES",
     "METER_LABELS",
     "PARETO_METERS",
+    "SkippedRun",
     "budget_texts",
     "build_leaderboard",
     "build_leaderboard_rows",
+    "collect_rows",
     "find_run_dirs",
     "format_tokens",
+    "leaderboard_frame",
     "pareto_flags",
     "place_point_labels",
     "plot_leaderboard",
+    "rank_rows",
     "read_leaderboard_csv",
     "run_row",
     "wilson_interval",
@@ -177,30 +191,64 @@ def pareto_flags(costs: Sequence[float], accuracies: Sequence[float]) -> list[bo
 # Rows
 
 
-def find_run_dirs(root: str | Path) -> list[Path]:
-    """Run folders (folders holding ``run_spec.json``) at or below ``root``, sorted."""
+@dataclass(frozen=True)
+class SkippedRun:
+    """A folder left out of a leaderboard and why (each is logged as one warning)."""
+
+    path: Path
+    reason: str
+
+
+#: The files of a run folder: a folder holding any of them but no ``run_spec.json`` is a
+#: damaged run folder, reported instead of silently passed over.
+_RUN_FILES = frozenset({SPEC_FILE, EPISODES_FILE, ERRORS_FILE, STATS_FILE})
+
+
+def _scan(root: str | Path) -> tuple[list[Path], list[SkippedRun]]:
+    """Run folders at or below ``root`` (sorted, symbolic links to folders not followed), and
+    the folders that hold run files without a usable ``run_spec.json`` or cannot be listed."""
     root = Path(root)
     if is_run_dir(root):
-        return [root]
+        return [root], []
     if not root.is_dir():
         raise ResultsError(f"{root} is not a folder")
-    return sorted(p.parent for p in root.rglob("run_spec.json") if p.is_file())
+    found: list[Path] = []
+    skipped: list[SkippedRun] = []
+
+    def unlistable(exc: OSError) -> None:
+        skipped.append(SkippedRun(Path(exc.filename), f"cannot list it: {exc.strerror}"))
+
+    for here, subdirs, files in os.walk(root, onerror=unlistable):
+        subdirs.sort()
+        path = Path(here)
+        if is_run_dir(path):
+            found.append(path)
+        elif _RUN_FILES.intersection([*files, *subdirs]):
+            skipped.append(
+                SkippedRun(path, f"it holds run files but no {SPEC_FILE} file (not a run folder)")
+            )
+        else:
+            continue
+        subdirs.clear()  # a run folder has no run folders inside
+    return sorted(found), skipped
 
 
-def _as_run_dirs(runs: str | Path | Iterable[str | Path]) -> list[Path]:
-    if isinstance(runs, str | Path):
-        return find_run_dirs(runs)
-    out: list[Path] = []
-    for item in runs:
-        out.extend(find_run_dirs(item))
-    return out
+def find_run_dirs(root: str | Path) -> list[Path]:
+    """Run folders (folders holding ``run_spec.json``) at or below ``root``, sorted."""
+    return _scan(root)[0]
 
 
-def run_row(path: str | Path) -> dict[str, Any] | None:
+def run_row(path: str | Path, episodes: int | None = None) -> dict[str, Any] | None:
     """The leaderboard row of one run folder (without Pareto flags); ``None`` if it has no
-    complete episode yet."""
+    complete episode yet. ``episodes``: count only episodes ``0 .. episodes - 1`` (what a run
+    asked for that many reports), else every episode in the folder.
+
+    Raises:
+        ResultsError: the folder cannot be read (:func:`~selfcest_env.results.load_run`).
+    """
     run = load_run(path)
-    eps = sorted(run.episodes, key=lambda e: e["episode"])  # sums independent of finish order
+    # sums in episode order: independent of the order episodes finished in
+    eps = sorted(first_episodes(run.episodes, episodes), key=lambda e: e["episode"])
     n = len(eps)
     if n == 0:
         logger.warning("skipping run %s: no episodes yet", path)
@@ -250,15 +298,47 @@ def _add_pareto(rows: list[dict[str, Any]]) -> None:
                 rows[i][f"pareto_{meter}"] = flag
 
 
-def build_leaderboard_rows(runs: str | Path | Iterable[str | Path]) -> list[dict[str, Any]]:
-    """Leaderboard rows (dicts in :data:`LEADERBOARD_COLUMNS` order) of run folders.
+def collect_rows(
+    runs: str | Path | Iterable[str | Path],
+    episodes: int | Mapping[Path, int] | None = None,
+) -> tuple[list[dict[str, Any]], list[SkippedRun]]:
+    """The rows of every readable run folder in ``runs`` (unranked, see :func:`rank_rows`), and
+    the folders left out because they cannot be read: a corrupt or edited run folder, or one
+    holding run files without ``run_spec.json``. Each of those is logged as one warning; the
+    other runs are not affected. Runs without episodes are left out too (a warning, not a
+    :class:`SkippedRun`).
 
-    ``runs`` is a root folder (searched recursively for run folders), one run folder, or an
-    iterable of either. Runs without episodes are skipped. Rows are sorted by group, agent,
-    budget, model and seed.
+    ``runs`` is a root folder (searched recursively), one run folder, or an iterable of either.
+    ``episodes``: count only the first that many episodes of every run (:func:`run_row`), or
+    per run folder (a mapping from the folder paths given; others count every episode).
     """
-    rows = [r for r in (run_row(p) for p in _as_run_dirs(runs)) if r is not None]
-    rows.sort(
+    items = [runs] if isinstance(runs, str | Path) else list(runs)
+    folders: list[Path] = []
+    skipped: list[SkippedRun] = []
+    for item in items:
+        found, bad = _scan(item)
+        folders.extend(found)
+        skipped.extend(bad)
+    rows = []
+    for folder in folders:
+        limit = episodes.get(folder) if isinstance(episodes, Mapping) else episodes
+        try:
+            row = run_row(folder, limit)
+        except (ResultsError, OSError) as exc:
+            skipped.append(SkippedRun(folder, str(exc).replace(f"{folder}{os.sep}", "")))
+            continue
+        if row is not None:
+            rows.append(row)
+    for skip in skipped:
+        logger.warning("skipped run folder %s: %s", skip.path, skip.reason)
+    return rows, skipped
+
+
+def rank_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Leaderboard rows (dicts in :data:`LEADERBOARD_COLUMNS` order) from :func:`run_row`
+    rows: sorted by group, agent, budget, model and seed, with their Pareto flags."""
+    ranked = [dict(r) for r in rows]
+    ranked.sort(
         key=lambda r: (
             r["env_id"],
             r["source"],
@@ -270,34 +350,76 @@ def build_leaderboard_rows(runs: str | Path | Iterable[str | Path]) -> list[dict
             r["run_id"],
         )
     )
-    _add_pareto(rows)
-    return [{c: r[c] for c in LEADERBOARD_COLUMNS} for r in rows]
+    _add_pareto(ranked)
+    return [{c: r[c] for c in LEADERBOARD_COLUMNS} for r in ranked]
 
 
-def _frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+def build_leaderboard_rows(
+    runs: str | Path | Iterable[str | Path], episodes: int | Mapping[Path, int] | None = None
+) -> list[dict[str, Any]]:
+    """Ranked leaderboard rows of the readable run folders in ``runs`` (see
+    :func:`collect_rows` for ``runs``, ``episodes`` and what is left out, and
+    :func:`rank_rows`)."""
+    return rank_rows(collect_rows(runs, episodes)[0])
+
+
+def leaderboard_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Ranked rows (:func:`rank_rows`) as a DataFrame with :data:`LEADERBOARD_DTYPES`."""
     import pandas as pd
 
     df = pd.DataFrame(list(rows), columns=list(LEADERBOARD_COLUMNS))
     return df.astype(LEADERBOARD_DTYPES)
 
 
-def build_leaderboard(runs: str | Path | Iterable[str | Path]) -> pd.DataFrame:
+def build_leaderboard(
+    runs: str | Path | Iterable[str | Path], episodes: int | Mapping[Path, int] | None = None
+) -> pd.DataFrame:
     """The leaderboard of ``runs`` (see :func:`build_leaderboard_rows`) as a pandas DataFrame
     with :data:`LEADERBOARD_DTYPES`."""
-    return _frame(build_leaderboard_rows(runs))
+    return leaderboard_frame(build_leaderboard_rows(runs, episodes))
 
 
 # --------------------------------------------------------------------------------------------
 # CSV
 
+#: A text cell that a spreadsheet would read as a formula: one starting with ``=``, ``+``,
+#: ``-``, ``@``, a tab, CR or LF (the OWASP list, LF added; the last three are escaped before
+#: this is checked), after any leading single quotes (so that the quote stays reversible).
+_FORMULA_CELL = re.compile(r"'*[=+\-@\t\r\n]")
+
+
+def _neutralise_cell(text: str) -> str:
+    """``text`` as a CSV cell: control characters escaped (:func:`printable`; a bare CR would
+    end the row for CSV readers, and ``cat`` would run escape sequences), then a single quote
+    in front when a spreadsheet would run it as a formula."""
+    text = printable(text)
+    return "'" + text if _FORMULA_CELL.match(text) else text
+
+
+def _restore_cell(text: str) -> str:
+    """The inverse of :func:`_neutralise_cell`."""
+    return text[1:] if text.startswith("'") and _FORMULA_CELL.match(text, 1) else text
+
+
+#: The text columns of a leaderboard (the only cells :func:`write_leaderboard_csv` quotes).
+_TEXT_COLUMNS: tuple[str, ...] = tuple(c for c, t in LEADERBOARD_DTYPES.items() if t == "string")
+
 
 def write_leaderboard_csv(
-    path: str | Path, runs: pd.DataFrame | str | Path | Iterable[str | Path]
+    path: str | Path,
+    runs: pd.DataFrame | str | Path | Iterable[str | Path],
+    episodes: int | Mapping[Path, int] | None = None,
 ) -> pd.DataFrame:
     """Write a leaderboard CSV atomically and return the DataFrame written.
 
     ``runs`` is a leaderboard DataFrame (from :func:`build_leaderboard`) or anything
-    :func:`build_leaderboard` accepts. Floats are written with full precision.
+    :func:`build_leaderboard` accepts (with ``episodes``). Floats are written with full
+    precision. Text cells come from run folders' specs, which can hold anything: their
+    control characters are written as escapes (``\\r``, ``\\x1b``), and a cell that a
+    spreadsheet would run as a formula (it starts with ``=``, ``+``, ``-`` or ``@``) gets a
+    single quote in front, the OWASP way; numeric columns are written as they are.
+    :func:`read_leaderboard_csv` removes those quotes again (text without control characters
+    reads back exactly). The DataFrame returned holds the original text.
     """
     import pandas as pd
 
@@ -307,10 +429,13 @@ def write_leaderboard_csv(
             raise ResultsError(f"leaderboard DataFrame lacks columns: {missing}")
         df = runs[list(LEADERBOARD_COLUMNS)].astype(LEADERBOARD_DTYPES)
     else:
-        df = build_leaderboard(runs)
+        df = build_leaderboard(runs, episodes)
+    safe = df.copy()
+    for col in _TEXT_COLUMNS:
+        safe[col] = df[col].map(_neutralise_cell).astype("string")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, df.to_csv(index=False, float_format="%.17g", lineterminator="\n"))
+    atomic_write_text(path, safe.to_csv(index=False, float_format="%.17g", lineterminator="\n"))
     return df
 
 
@@ -318,7 +443,8 @@ def read_leaderboard_csv(path: str | Path) -> pd.DataFrame:
     """Read a leaderboard CSV into a DataFrame with :data:`LEADERBOARD_DTYPES`.
 
     Empty string cells stay empty strings (e.g. ``model`` of a model-free agent); empty numeric
-    cells read as NaN.
+    cells read as NaN; the quotes :func:`write_leaderboard_csv` put in front of formula-like
+    text cells are removed.
 
     Raises:
         ResultsError: a column of :data:`LEADERBOARD_COLUMNS` is missing.
@@ -332,6 +458,8 @@ def read_leaderboard_csv(path: str | Path) -> pd.DataFrame:
     na = {c: ["", "nan", "NaN"] for c, t in LEADERBOARD_DTYPES.items() if t == "float64"}
     dtypes = {c: t for c, t in LEADERBOARD_DTYPES.items() if t != "bool"}
     df = pd.read_csv(path, dtype=dtypes, keep_default_na=False, na_values=na)
+    for col in _TEXT_COLUMNS:
+        df[col] = df[col].map(_restore_cell).astype("string")
     for col, kind in LEADERBOARD_DTYPES.items():
         if kind == "bool":
             text = df[col].astype(str).str.strip().str.lower()
@@ -369,7 +497,8 @@ def plot_leaderboard(
     right); the Pareto frontier of the group as a dashed step line; each point labelled with
     its budget in the agent's colour, shortened to the values that vary (:func:`budget_texts`,
     the title names them) and placed clear of other labels and markers
-    (:func:`place_point_labels`). Returns the paths written.
+    (:func:`place_point_labels`). Each file is written atomically (a link in its place is
+    replaced, not followed). Returns the paths written.
     """
     import matplotlib
 
@@ -394,7 +523,9 @@ def plot_leaderboard(
             stem = f"{_group_slug(key)}__{meter}"
             for fmt in formats:
                 path = out / f"{stem}.{fmt}"
-                fig.savefig(path, format=fmt, dpi=150, bbox_inches="tight")
+                image = io.BytesIO()
+                fig.savefig(image, format=fmt, dpi=150, bbox_inches="tight")
+                atomic_write_bytes(path, image.getvalue())
                 written.append(path)
             plt.close(fig)
     return written
@@ -429,7 +560,7 @@ def _plot_one(
             capsize=3,
             markersize=7,
             alpha=0.9,
-            label=str(agent),
+            label=_plot_text(str(agent)),
             zorder=3,
         )
     flags = [bool(f) for f in pareto_flags(costs.tolist(), group["accuracy"].astype(float))]
@@ -463,7 +594,7 @@ def _plot_one(
     ax.set_xlabel(f"{METER_LABELS.get(meter, meter)}, {scale}")
     ax.set_ylabel("accuracy (fraction correct, 95% Wilson CI)")
     env_id, source, split = key
-    title = f"{env_id} · {source} · {split}\naccuracy vs {meter}"
+    title = _plot_text(f"{env_id} · {source} · {split}") + f"\naccuracy vs {meter}"
     ax.grid(True, which="major", alpha=0.4)
     ax.grid(True, which="minor", alpha=0.15)
     handles, labels = ax.get_legend_handles_labels()
@@ -482,7 +613,8 @@ def _plot_one(
     if label_points:
         colours = {agent: colour for agent, (colour, _) in style.items()}
         caption = _label_budgets(ax, group, col, colours)
-    ax.set_title(title + (f" (points labelled by {caption})" if caption else ""), fontsize=11)
+    caption_text = f" (points labelled by {_plot_text(caption)})" if caption else ""
+    ax.set_title(title + caption_text, fontsize=11)
     return fig
 
 
@@ -612,13 +744,19 @@ def _label_budgets(
             (
                 x,
                 y,
-                ", ".join(sorted(names, key=_numbers_first)),
+                _plot_text(", ".join(sorted(names, key=_numbers_first))),
                 colours[next(iter(agents))] if len(agents) == 1 else "0.2",
             )
             for (x, y), (names, agents) in spots.items()
         ],
     )
     return caption
+
+
+def _plot_text(text: str) -> str:
+    """Text from a leaderboard as matplotlib shows it literally: ``$`` escaped (no mathtext,
+    whose parser fails on stray ``$``), control characters written as escapes."""
+    return printable(text).replace("$", r"\$")
 
 
 def _numbers_first(text: str) -> list[Any]:

@@ -6,7 +6,9 @@ A run folder holds three files:
     The :class:`RunSpec` (what was run) plus the environment it ran in (Python and package
     versions, git revision). Written atomically (temporary file, then :func:`os.replace`).
     Reopening a folder with a different spec is refused (:class:`RunSpecMismatchError`); a
-    different environment (newer package versions) is only logged.
+    different environment (newer package versions) is only logged. The spec hash recorded
+    in it and ending the folder name is the folder's identity: a spec edited afterwards is
+    refused by readers and writers alike (:func:`spec_of_folder`).
 ``episodes.jsonl``
     Append-only, one JSON object per finished episode (schema: :func:`validate_episode`),
     flushed and ``fsync``-ed before :meth:`RunFolder.append_episode` returns, so a killed run
@@ -25,12 +27,19 @@ Episode indices are unique in a folder: a driver asks :meth:`RunFolder.missing_e
 :meth:`RunFolder.done_episodes`) which indices are left and runs only those; appending an index
 that is already recorded raises :class:`DuplicateEpisodeError`. One process writes a folder at a
 time; readers that must not modify a live folder use :func:`read_episodes` / :func:`load_run`.
+
+Files and folders are created with the permissions the process umask gives (0o666 / 0o777
+masked). Run files must be regular files: a symbolic link, folder or FIFO in their place (or a
+symbolic link in place of the run folder) is refused, never written through or waited on. A
+write that fails part-way (a full disk) leaves no partial line behind: every episode appended
+before it is kept, and rerunning resumes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -39,8 +48,9 @@ import numbers
 import os
 import platform
 import re
+import secrets
+import stat
 import subprocess
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -83,6 +93,8 @@ _VERSION_PACKAGES: tuple[str, ...] = ("selfcest", "gymnasium", "torch", "transfo
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=,+-]+")
 _COMPONENT_MAX = 48
+#: The longest file name common file systems allow (bytes; run folder names are ASCII).
+_NAME_MAX = 255
 
 
 class ResultsError(ValueError):
@@ -107,6 +119,14 @@ class RunFolderBusyError(ResultsError):
 
 class CorruptRunError(ResultsError):
     """A run folder file cannot be read (a bad line that is not the last one, bad JSON)."""
+
+
+class RunSpecEditedError(CorruptRunError):
+    """A run folder's ``run_spec.json`` no longer matches the folder (edited after the run)."""
+
+
+class UnsafePathError(ResultsError):
+    """A path the run store would write through leads somewhere else (a symbolic link)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -177,15 +197,13 @@ class RunSpec:
         for name in ("env_id", "source", "split", "agent"):
             if not getattr(self, name):
                 raise ResultsError(f"RunSpec.{name} must not be empty")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise ResultsError(f"RunSpec.seed must be an int, got {self.seed!r}")
-        if self.n_episodes is not None and (
-            isinstance(self.n_episodes, bool)
-            or not isinstance(self.n_episodes, numbers.Integral)
-            or self.n_episodes < 0
+        if not _is_int64(self.seed):
+            raise ResultsError(f"RunSpec.seed must be a 64-bit int, got {self.seed!r}")
+        if self.n_episodes is not None and not (
+            _is_int64(self.n_episodes) and self.n_episodes >= 0
         ):
             raise ResultsError(
-                f"RunSpec.n_episodes must be None or an int >= 0, got {self.n_episodes!r}"
+                f"RunSpec.n_episodes must be None or a 64-bit int >= 0, got {self.n_episodes!r}"
             )
         for name in ("agent_config", "budget", "extra"):
             value = getattr(self, name)
@@ -228,7 +246,8 @@ class RunSpec:
     def run_id(self) -> str:
         """Folder name: ``env__source__split__agent__model__budget__seedN__hash``, sanitised.
 
-        Readable parts are cut to 48 characters each; the hash covers the full spec (so two
+        Readable parts are cut to 48 characters each, and all of them together so that the
+        name fits the 255 bytes file systems allow; the hash covers the full spec (so two
         specs that differ anywhere, ``agent_config`` and ``extra`` included, get different
         folders).
         """
@@ -241,7 +260,8 @@ class RunSpec:
             self.budget_label,
             f"seed{self.seed}",
         ]
-        return "__".join(_sanitise(p) for p in parts) + "__" + self.spec_hash
+        readable = "__".join(_sanitise(p) for p in parts)
+        return readable[: _NAME_MAX - len(self.spec_hash) - 2] + "__" + self.spec_hash
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,13 +328,34 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: temporary file in the same folder, fsync, replace."""
+def _create_temporary(path: Path) -> tuple[int, Path]:
+    """A new file ``.<name>.<random>.tmp`` beside ``path``, open for writing.
+
+    Created with mode 0o666, so the process umask decides who may read it (``tempfile.mkstemp``
+    would make it 0o600); ``O_EXCL`` never opens what is already there, a symbolic link
+    included.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: temporary file in the same folder, fsync, rename.
+
+    The file gets the permissions the umask gives a new file. A symbolic link at ``path`` is
+    replaced, never written through. On any failure (a full disk) ``path`` keeps its old
+    content and the temporary file is removed.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temporary(path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -323,6 +364,11 @@ def atomic_write_text(path: str | Path, text: str) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically, like :func:`atomic_write_bytes`."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: str | Path, data: Any) -> None:
@@ -338,12 +384,25 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not _is_bool(value)
 
 
+def _is_int64(value: Any) -> bool:
+    """An int that fits a signed 64-bit integer (what leaderboard columns hold)."""
+    return _is_int(value) and -(2**63) <= value < 2**63
+
+
 def _is_bool(value: Any) -> bool:
     return isinstance(value, bool) or getattr(getattr(value, "dtype", None), "kind", "") == "b"
 
 
 def _is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not _is_bool(value)
+
+
+def _is_finite(value: Any) -> bool:
+    """A real number that is finite as a float (an int too large for a float is not)."""
+    try:
+        return _is_real(value) and math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 #: Top-level keys of an episode record and their kinds ("int", "str", "bool", "float", "meters").
@@ -382,8 +441,8 @@ def validate_episode(record: Mapping[str, Any]) -> dict[str, Any]:
             continue
         value = record[key]
         if kind == "int":
-            if not _is_int(value):
-                problems.append(f"{key!r} must be an int, got {value!r}")
+            if not _is_int64(value):
+                problems.append(f"{key!r} must be a 64-bit int, got {value!r}")
             elif key == "episode" and int(value) < 0:
                 problems.append(f"'episode' must be >= 0, got {value!r}")
             else:
@@ -399,7 +458,7 @@ def validate_episode(record: Mapping[str, Any]) -> dict[str, Any]:
             else:
                 out[key] = bool(value)
         elif kind == "float":
-            if not _is_real(value) or not math.isfinite(float(value)):
+            if not _is_finite(value):
                 problems.append(f"{key!r} must be a finite number, got {value!r}")
             else:
                 out[key] = float(value)
@@ -432,11 +491,90 @@ def encode_episode_line(record: Mapping[str, Any]) -> bytes:
         return (json.dumps(record, ensure_ascii=True, allow_nan=False) + "\n").encode("ascii")
 
 
+def _open_append(path: Path) -> Any:
+    """Open a run file for appending, unbuffered (each write reaches the OS at once).
+
+    Never through a symbolic link and only a regular file (a run folder from elsewhere cannot
+    redirect the writes, and a FIFO there cannot block the run); created with mode 0o666, so
+    the umask decides who may read it.
+
+    Raises:
+        CorruptRunError: ``path`` is a symbolic link, a folder or another non-regular file.
+    """
+    flags = (
+        os.O_WRONLY
+        | os.O_APPEND
+        | os.O_CREAT
+        | getattr(os, "O_NOFOLLOW", 0)
+        | getattr(os, "O_NONBLOCK", 0)
+        | getattr(os, "O_CLOEXEC", 0)
+    )
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise _not_a_regular_file(path) from exc
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _not_a_regular_file(path)
+    return os.fdopen(fd, "ab", buffering=0)
+
+
+def _not_a_regular_file(path: Path) -> CorruptRunError:
+    return CorruptRunError(
+        f"{path} is not a regular file (a link, a folder or a device); remove it, or use "
+        "another output folder"
+    )
+
+
 def _append_line(handle: Any, line: bytes) -> None:
-    """Append one line to an open binary file, flush and fsync before returning."""
-    handle.write(line)
-    handle.flush()
-    os.fsync(handle.fileno())
+    """Append one line to a file from :func:`_open_append` and fsync it before returning.
+
+    When a write fails part-way (a full disk), the file is cut back to where it was, so it
+    never keeps a partial line; the error is raised again.
+    """
+    fd = handle.fileno()
+    start = os.fstat(fd).st_size
+    try:
+        view = memoryview(line)
+        while view:
+            view = view[handle.write(view) :]
+        os.fsync(fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, start)
+        raise
+
+
+def _read_run_file(path: Path) -> bytes | None:
+    """The bytes of a run file, ``None`` when it does not exist.
+
+    Raises:
+        CorruptRunError: it is not a regular file (a folder, a FIFO), or cannot be read.
+    """
+    flags = (
+        os.O_RDONLY
+        | getattr(os, "O_NOFOLLOW", 0)
+        | getattr(os, "O_NONBLOCK", 0)
+        | getattr(os, "O_CLOEXEC", 0)
+    )
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _not_a_regular_file(path) from exc
+        raise CorruptRunError(f"{path}: cannot read: {exc.strerror}") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _not_a_regular_file(path)
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            return handle.read()
+        except OSError as exc:
+            raise CorruptRunError(f"{path}: cannot read: {exc.strerror}") from exc
 
 
 def _validate_meters(value: Any, problems: list[str]) -> dict[str, Any]:
@@ -447,22 +585,22 @@ def _validate_meters(value: Any, problems: list[str]) -> dict[str, Any]:
     for name in INT_METERS:
         if name not in value:
             problems.append(f"missing meter {name!r}")
-        elif not _is_int(value[name]) or value[name] < 0:
-            problems.append(f"meter {name!r} must be an int >= 0, got {value[name]!r}")
+        elif not _is_int64(value[name]) or value[name] < 0:
+            problems.append(f"meter {name!r} must be a 64-bit int >= 0, got {value[name]!r}")
         else:
             meters[name] = int(value[name])
     if "wall_time_s" not in value:
         problems.append("missing meter 'wall_time_s'")
     else:
         wall = value["wall_time_s"]
-        if not _is_real(wall) or not math.isfinite(float(wall)) or wall < 0:
+        if not _is_finite(wall) or wall < 0:
             problems.append(f"meter 'wall_time_s' must be a finite float >= 0, got {wall!r}")
         else:
             meters["wall_time_s"] = float(wall)
     for name, extra in value.items():
         if name in meters or name in METERS:
             continue
-        if not isinstance(name, str) or not _is_real(extra) or not math.isfinite(float(extra)):
+        if not isinstance(name, str) or not _is_finite(extra):
             problems.append(f"extra meter {name!r} must be a finite number, got {extra!r}")
         else:
             meters[name] = int(extra) if _is_int(extra) else float(extra)
@@ -488,7 +626,7 @@ def _parse_lines(
         try:
             obj = json.loads(raw.decode("utf-8"))
             record = validate_episode(obj)
-        except (UnicodeDecodeError, json.JSONDecodeError, EpisodeRecordError) as exc:
+        except (ValueError, RecursionError) as exc:  # bad UTF-8, JSON or record
             raise CorruptRunError(f"{source}:{lineno}: unreadable episode line: {exc}") from exc
         if unique and record["episode"] in seen:
             raise CorruptRunError(
@@ -500,31 +638,34 @@ def _parse_lines(
     return records, end, bool(tail.strip())
 
 
+def _in_folder(path: str | Path, name: str) -> Path:
+    """``path / name`` when ``path`` is a run folder, else ``path`` (the file itself).
+
+    A path already named ``name`` is taken as the file, so a folder where the file should be
+    is reported as such instead of being searched for a file inside it.
+    """
+    path = Path(path)
+    return path / name if path.name != name and path.is_dir() else path
+
+
 def read_episodes(path: str | Path) -> list[dict[str, Any]]:
     """Read an ``episodes.jsonl`` file (or a run folder) without modifying it.
 
     An unterminated last line (a run killed mid-write, or still writing) is skipped; any other
-    bad line raises :class:`CorruptRunError`. A missing file reads as no episodes.
+    bad line, or a path that is not a regular file, raises :class:`CorruptRunError`. A missing
+    file reads as no episodes.
     """
-    path = Path(path)
-    if path.is_dir():
-        path = path / EPISODES_FILE
-    if not path.exists():
-        return []
-    records, _, _ = _parse_lines(path.read_bytes(), str(path))
-    return records
+    path = _in_folder(path, EPISODES_FILE)
+    data = _read_run_file(path)
+    return [] if data is None else _parse_lines(data, str(path))[0]
 
 
 def read_errors(path: str | Path) -> list[dict[str, Any]]:
     """Read the ``errors.jsonl`` of a run folder (or the file) without modifying it, like
     :func:`read_episodes`; an episode may appear on several lines (one per failed attempt)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / ERRORS_FILE
-    if not path.exists():
-        return []
-    records, _, _ = _parse_lines(path.read_bytes(), str(path), unique=False)
-    return records
+    path = _in_folder(path, ERRORS_FILE)
+    data = _read_run_file(path)
+    return [] if data is None else _parse_lines(data, str(path), unique=False)[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -564,10 +705,24 @@ def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tup
     return low, high
 
 
+def first_episodes(
+    records: Iterable[Mapping[str, Any]], limit: int | None
+) -> list[Mapping[str, Any]]:
+    """The records of episodes ``0 .. limit - 1`` (all of them when ``limit`` is ``None``).
+
+    A run asked for ``limit`` episodes reports exactly these, however many more an earlier,
+    longer run left in its folder.
+    """
+    return list(records) if limit is None else [r for r in records if r["episode"] < limit]
+
+
 def compute_stats(
-    episodes: Iterable[Mapping[str, Any]], errors: Iterable[Mapping[str, Any]] = ()
+    episodes: Iterable[Mapping[str, Any]],
+    errors: Iterable[Mapping[str, Any]] = (),
+    limit: int | None = None,
 ) -> dict[str, Any]:
-    """Summary of validated episode records (and of the error records of ``errors.jsonl``).
+    """Summary of validated episode records (and of the error records of ``errors.jsonl``);
+    with ``limit``, of episodes ``0 .. limit - 1`` only (:func:`first_episodes`).
 
     Keys: ``n``, ``n_correct``, ``accuracy`` (``None`` when ``n == 0``), ``acc_ci_low`` /
     ``acc_ci_high`` (95% Wilson), ``mean_score``, ``mean_reward``, ``meters`` (per meter in
@@ -581,8 +736,8 @@ def compute_stats(
 
     Sums run in episode order, so the figures do not depend on the order episodes finished in.
     """
-    eps = sorted(episodes, key=lambda e: e["episode"])
-    errs = list(errors)
+    eps = sorted(first_episodes(episodes, limit), key=lambda e: e["episode"])
+    errs = first_episodes(errors, limit)
     n = len(eps)
     n_correct = sum(1 for e in eps if e["correct"])
     low, high = wilson_interval(n_correct, n)
@@ -641,19 +796,61 @@ def _spec_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
 
 
 def read_run_spec(path: str | Path) -> dict[str, Any]:
-    """Read the ``run_spec.json`` of a run folder (or the file itself) as a dict."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / SPEC_FILE
+    """Read the ``run_spec.json`` of a run folder (or the file itself) as a dict.
+
+    Raises:
+        FileNotFoundError: there is no ``run_spec.json`` (not a run folder).
+        CorruptRunError: it is not a regular file, not JSON, or lacks the ``spec`` object.
+    """
+    path = _in_folder(path, SPEC_FILE)
+    raw = _read_run_file(path)
+    if raw is None:
+        raise FileNotFoundError(errno.ENOENT, "no run spec (not a run folder)", str(path))
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON
         raise CorruptRunError(f"{path}: unreadable run spec: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("spec"), dict):
         raise CorruptRunError(f"{path}: run spec file has no 'spec' object")
+    if not isinstance(data.get("environment", {}), dict):
+        raise CorruptRunError(f"{path}: run spec file's 'environment' is not an object")
     return data
+
+
+_HASH_SUFFIX = re.compile(r"__([0-9a-f]{8})$")
+
+
+def spec_of_folder(folder: str | Path, spec_file: Mapping[str, Any]) -> RunSpec:
+    """The :class:`RunSpec` in a run folder's spec file (:func:`read_run_spec`), checked
+    against the folder's identity.
+
+    The identity is the spec hash taken when the folder was made: ``spec_hash`` in the file
+    and the hash that ends the folder name (:attr:`RunSpec.run_id`). A spec edited afterwards
+    no longer hashes to them and would put the folder's episodes under another label, so it
+    is refused. (This catches edits, not forgery: whoever also rewrites both hashes can
+    relabel a folder; run folders are not signed.)
+
+    Raises:
+        CorruptRunError: the spec is malformed.
+        RunSpecEditedError: the spec does not hash to the folder's identity.
+    """
+    folder = Path(folder)
+    where = folder / SPEC_FILE
+    try:
+        spec = RunSpec.from_dict(spec_file["spec"])
+    except (TypeError, ResultsError) as exc:
+        raise CorruptRunError(f"{where}: bad spec: {exc}") from exc
+    named = _HASH_SUFFIX.search(folder.name)
+    claims = [("its 'spec_hash'", spec_file.get("spec_hash"))]
+    claims.append(("the folder name", named.group(1) if named else None))
+    for what, claimed in claims:
+        if claimed is not None and claimed != spec.spec_hash:
+            raise RunSpecEditedError(
+                f"{where}: the spec hashes to {spec.spec_hash} but {what} says {claimed!r}: "
+                "it was edited after the run was made and would relabel its episodes; restore "
+                "the original spec, or rerun into a new folder"
+            )
+    return spec
 
 
 @dataclass(frozen=True)
@@ -666,22 +863,39 @@ class RunData:
     episodes: list[dict[str, Any]]
     errors: list[dict[str, Any]] = field(default_factory=list)
 
-    def stats(self) -> dict[str, Any]:
-        """:func:`compute_stats` of the episodes and errors."""
-        return compute_stats(self.episodes, self.errors)
+    def stats(self, limit: int | None = None) -> dict[str, Any]:
+        """:func:`compute_stats` of the episodes and errors (``limit``: of the first ones)."""
+        return compute_stats(self.episodes, self.errors, limit)
 
 
 def load_run(path: str | Path) -> RunData:
-    """Read a run folder (spec and episodes) without touching its files."""
+    """Read a run folder (spec and episodes) without touching its files.
+
+    Raises:
+        FileNotFoundError: it has no ``run_spec.json``.
+        CorruptRunError: a file cannot be read, or the spec was edited
+            (:func:`spec_of_folder`).
+    """
     path = Path(path)
     spec_file = read_run_spec(path)
-    try:
-        spec = RunSpec.from_dict(spec_file["spec"])
-    except (TypeError, ResultsError) as exc:
-        raise CorruptRunError(f"{path / SPEC_FILE}: bad spec: {exc}") from exc
+    spec = spec_of_folder(path, spec_file)
     return RunData(
         path, spec, spec_file, read_episodes(path / EPISODES_FILE), read_errors(path / ERRORS_FILE)
     )
+
+
+def stats_file_current(folder: str | Path, stats: Mapping[str, Any]) -> bool:
+    """Whether the folder's ``stats.json`` holds ``stats`` (:func:`compute_stats` of its
+    records; it may lag behind after a kill between the last episode and the stats write)."""
+    try:
+        raw = _read_run_file(Path(folder) / STATS_FILE)
+        written = None if raw is None else json.loads(raw.decode("utf-8"))
+    except (ResultsError, ValueError, RecursionError):
+        return False
+    if not isinstance(written, dict):
+        return False
+    written = {k: v for k, v in written.items() if k not in ("run_id", "updated")}
+    return written == _json_normalise(stats)
 
 
 def is_run_dir(path: str | Path) -> bool:
@@ -725,16 +939,30 @@ class RunFolder:
 
         Raises:
             RunSpecMismatchError: the folder's ``run_spec.json`` has a different spec.
-            CorruptRunError: the folder's files cannot be read.
+            CorruptRunError: the folder's files cannot be read, are not regular files, or its
+                spec was edited (:func:`spec_of_folder`).
+            UnsafePathError: the run folder is a symbolic link.
             RunFolderBusyError: another writer has the folder open.
+            OSError: the folder cannot be written (read-only, full disk).
         """
         if not isinstance(spec, RunSpec):
             raise TypeError(f"spec must be a RunSpec, got {type(spec).__name__}")
         self.spec = spec
         self.path = Path(path) if path is not None else Path(root) / spec.run_id
-        self.path.mkdir(parents=True, exist_ok=True)
+        if self.path.is_symlink():
+            raise UnsafePathError(
+                f"run folder {self.path} is a symbolic link (to {os.readlink(self.path)}); "
+                "remove the link, or use another output folder"
+            )
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except FileExistsError as exc:
+            raise CorruptRunError(
+                f"{self.path} is a file where a run folder should be; remove it, or use "
+                "another output folder"
+            ) from exc
         self._write_or_check_spec()
-        self._handle = open(self.episodes_path, "ab")  # noqa: SIM115 - kept open until close()
+        self._handle = _open_append(self.episodes_path)
         try:
             _lock_exclusive(self._handle, self.path)
             self._episodes: list[dict[str, Any]] = self._load_and_repair(self.episodes_path)
@@ -749,12 +977,8 @@ class RunFolder:
     @classmethod
     def open_existing(cls, path: str | Path) -> RunFolder:
         """Reopen an existing run folder for writing, taking the spec from its run_spec.json."""
-        data = read_run_spec(path)
-        try:
-            spec = RunSpec.from_dict(data["spec"])
-        except (TypeError, ResultsError) as exc:
-            raise CorruptRunError(f"{Path(path) / SPEC_FILE}: bad spec: {exc}") from exc
-        return cls(Path(path).parent, spec, path=path)
+        path = Path(path)
+        return cls(path.parent, spec_of_folder(path, read_run_spec(path)), path=path)
 
     # paths ----------------------------------------------------------------------------------
 
@@ -782,8 +1006,12 @@ class RunFolder:
 
     def _write_or_check_spec(self) -> None:
         new = self.spec.to_dict()
-        if self.spec_path.exists():
+        try:
             existing = read_run_spec(self.spec_path)
+        except FileNotFoundError:
+            existing = None
+        if existing is not None:
+            spec_of_folder(self.path, existing)
             diff = _spec_diff(existing["spec"], new)
             if diff:
                 raise RunSpecMismatchError(
@@ -826,21 +1054,19 @@ class RunFolder:
 
     @staticmethod
     def _load_and_repair(path: Path, unique: bool = True) -> list[dict[str, Any]]:
-        if not path.exists():
+        data = _read_run_file(path)
+        if data is None:
             return []
-        data = path.read_bytes()
         records, end, has_tail = _parse_lines(data, str(path), unique)
         if len(data) > end:
-            tail = data[end:]
             if has_tail:
                 logger.warning(
                     "%s: dropping an unterminated last line of %d bytes (interrupted write)",
                     path,
-                    len(tail),
+                    len(data) - end,
                 )
-            with open(path, "r+b") as handle:
-                handle.truncate(end)
-                handle.flush()
+            with _open_append(path) as handle:
+                os.ftruncate(handle.fileno(), end)
                 os.fsync(handle.fileno())
         return records
 
@@ -910,28 +1136,22 @@ class RunFolder:
                 f"episode {clean['episode']} already has a result in {self.episodes_path}"
             )
         if self._error_handle is None:
-            self._error_handle = open(self.errors_path, "ab")  # noqa: SIM115 - closed in close()
+            self._error_handle = _open_append(self.errors_path)
         _append_line(self._error_handle, encode_episode_line(clean))
         self._errors.append(clean)
         return clean
 
     # stats ----------------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
-        """:func:`compute_stats` of the recorded episodes and errors."""
-        return compute_stats(self._episodes, self._errors)
+    def stats(self, limit: int | None = None) -> dict[str, Any]:
+        """:func:`compute_stats` of the recorded episodes and errors (``limit``: of episodes
+        ``0 .. limit - 1`` only)."""
+        return compute_stats(self._episodes, self._errors, limit)
 
     def stats_current(self) -> bool:
         """Whether ``stats.json`` exists and holds :meth:`stats` (it may not after a kill
         between the last episode and the stats write)."""
-        try:
-            written = json.loads(self.stats_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            return False
-        if not isinstance(written, dict):
-            return False
-        written = {k: v for k, v in written.items() if k not in ("run_id", "updated")}
-        return written == _json_normalise(self.stats())
+        return stats_file_current(self.path, self.stats())
 
     def write_stats(self) -> dict[str, Any]:
         """Compute the stats, write ``stats.json`` atomically and return them."""

@@ -6,7 +6,10 @@ it stopped when it is started again.
 
 Suite file schema (YAML or JSON; every key but ``runs`` / ``env`` / ``agents`` is optional)::
 
-    name: my-suite               # used in the default output folder; default: the file's stem
+    name: my-suite               # names the default output folder runs/suite-<name>: letters,
+                                 # digits and . _ = , + - only, not starting with . or -, at
+                                 # most 48 characters (no path); default: the file's stem,
+                                 # mapped to those characters
     backend: transformers        # default backend of every entry: transformers, openai, vllm
                                  # (default: the fastest installed: vllm if importable, else
                                  # transformers; see selfcest_env.agents.backends)
@@ -43,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from selfcest_env.registration import MATH_ENV_ID, QA_ENV_ID
+from selfcest_env.results import _sanitise
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +147,13 @@ class SuiteConfig:
     model: str | None = None
     backend_args: dict[str, Any] = field(default_factory=dict)
     parallel: int = 8
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or _sanitise(self.name) != self.name:
+            raise SuiteError(
+                f"suite name {self.name!r} cannot name a folder: use letters, digits and "
+                ". _ = , + - only, not starting with . or -, at most 48 characters"
+            )
 
     def with_episodes(self, episodes: int) -> SuiteConfig:
         """The same suite with every entry's episode count set to ``episodes``."""
@@ -324,7 +335,7 @@ def suite_from_dict(data: Any, name: str = "suite") -> SuiteConfig:
     if not isinstance(backend_args, Mapping):
         raise SuiteError(f"{name}: 'backend_args' must be a mapping")
     return SuiteConfig(
-        name=str(data.get("name") or name),
+        name=name if data.get("name") is None else str(data["name"]),
         runs=tuple(_entry(r, f"{name}: runs[{i}]") for i, r in enumerate(runs)),
         backend=str(data["backend"]) if data.get("backend") else None,
         model=None if data.get("model") is None else str(data["model"]),
@@ -372,7 +383,7 @@ def load_suite(name_or_path: str | Path) -> SuiteConfig:
             where = "" if mark is None else f" at line {mark.line + 1}, column {mark.column + 1}"
             what = getattr(exc, "problem", None) or str(exc)
             raise SuiteError(f"{path}: bad YAML{where}: {' '.join(str(what).split())}") from exc
-    return suite_from_dict(data, name=path.stem)
+    return suite_from_dict(data, name=_sanitise(path.stem))
 
 
 def describe_suite(suite: SuiteConfig) -> list[str]:

@@ -19,9 +19,9 @@ from selfcest_env.cli import main
 from selfcest_env.leaderboard import read_leaderboard_csv
 from selfcest_env.results import read_episodes
 from selfcest_env.suites import SuiteError, load_suite, quick_suite, suite_from_dict
+from tests.cli_args import scripted_run_args
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTED = "scripted-monolithic,scripted-delegate"
 
 
 def run_cli(*argv: str) -> int:
@@ -37,19 +37,7 @@ def run_dirs(root: Path) -> list[Path]:
 
 
 def scripted_run(out: Path, *extra: str, episodes: int = 6) -> int:
-    return run_cli(
-        "run",
-        "--agents",
-        SCRIPTED,
-        "--env-arg",
-        "preset=easy",
-        "--episodes",
-        str(episodes),
-        "--out",
-        str(out),
-        "--no-progress",
-        *extra,
-    )
+    return run_cli(*scripted_run_args(out, episodes, *extra))
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,12 +8,14 @@ run folder left behind. One case runs as a subprocess to see what a shell user s
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from selfcest_env.leaderboard import read_leaderboard_csv
 from tests.test_cli import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -214,7 +216,7 @@ def test_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
 
 
 def test_files_that_are_not_what_they_should_be(
-    tmp_path: Path, capsys: pytest.CaptureFixture
+    tmp_path: Path, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
 ) -> None:
     not_csv = tmp_path / "notes.csv"
     not_csv.write_bytes(b"\x00\xff\xfe garbage\n1,2\n")
@@ -231,9 +233,13 @@ def test_files_that_are_not_what_they_should_be(
     assert "unknown meter(s) joules; valid meters: gen_tokens, prompt_tokens" in err
     (episodes,) = runs.rglob("episodes.jsonl")
     episodes.write_text('{"episode": 0}\n' + episodes.read_text())  # corrupt, not the last line
-    code = run_cli("leaderboard", str(runs))
-    err = capsys.readouterr().err
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "unreadable episode line" in err
+    with caplog.at_level(logging.WARNING):
+        code = run_cli("leaderboard", str(runs))
+    # the broken run is left out with one warning, the leaderboard is still written, exit 1
+    assert code == 1 and "Traceback" not in capsys.readouterr().err
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "skipped run folder" in warning and "unreadable episode line" in warning
+    assert len(read_leaderboard_csv(runs / "leaderboard.csv")) == 0
 
 
 def test_a_shell_user_sees_one_line_and_no_traceback(tmp_path: Path) -> None:
