@@ -14,7 +14,7 @@ from collections.abc import Callable
 from tasks_qa import BENCHMARKS as QA_BENCHMARKS
 
 from selfcest_env.tasks.math import ArithmeticTask, CountdownTask, grade_integer, grade_math
-from selfcest_env.tasks.math.grading import default_verifier
+from selfcest_env.tasks.math.verifier import default_verifier
 
 
 def _rate(fn: Callable[[int], object], n: int) -> float:

@@ -4,6 +4,11 @@ A :class:`TaskSource` is a deterministic, indexable collection of :class:`TaskIn
 per split (``train`` / ``dev`` / ``test``) plus a grader. Generators are unbounded
 (:meth:`TaskSource.size` returns ``None``) and build instance ``i`` of a split from a seed
 derived from ``(seed, split, i)``; dataset loaders are finite.
+
+A source whose instances depend on token counts (the synthetic QA generator's
+``context_tokens=``) sets :attr:`TaskSource.takes_token_counter` and takes ``token_counter=`` in
+its constructor: the environment factory (:mod:`selfcest_env.registration`) passes the env's own
+counter, the model's tokenizer when the env has one, so that a source and the ledger count alike.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
 
@@ -19,6 +24,21 @@ Domain = Literal["math", "qa"]
 
 #: How a source's grader reads an answer (see :func:`selfcest_env.tasks.answers.answer_key`).
 AnswerType = Literal["integer", "math", "text"]
+
+
+class TextCounter(Protocol):
+    """Counts the tokens of a text; every :class:`selfcest_env.tokens.TokenCounter` is one."""
+
+    def count_text(self, text: str) -> int:
+        """Number of tokens in ``text``."""
+
+
+def default_token_counter() -> TextCounter:
+    """The counter a source uses when given none: the deterministic offline counter
+    (:class:`selfcest_env.tokens.OfflineTokenCounter`)."""
+    from selfcest_env.tokens import OfflineTokenCounter
+
+    return OfflineTokenCounter()
 
 
 @dataclass(frozen=True)
@@ -72,6 +92,9 @@ class TaskSource(abc.ABC):
     #: get it as ``info["answer_type"]`` and key answers with
     #: :func:`~selfcest_env.tasks.answers.answer_key`.
     answer_type: AnswerType = "text"
+    #: Whether the constructor takes ``token_counter=`` (a :class:`TextCounter`) that its
+    #: instances depend on; the environment factory then passes the env's counter.
+    takes_token_counter: ClassVar[bool] = False
 
     @abc.abstractmethod
     def size(self, split: str) -> int | None:

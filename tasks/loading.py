@@ -1,18 +1,24 @@
 """Shared machinery of the finite dataset loaders (math and QA).
 
-* :func:`expand_files` / :func:`spec_items`: turn a ``path=`` argument (a file, a directory of
-  files, or the file list of one split in a mapping) into the files to read;
+* :func:`read_local_rows`: the one reader of local task files, rows per split from a ``path=``
+  argument (a file, a directory of files, or ``{split: file(s)}``). It reads ``.jsonl`` (one JSON
+  object a line), ``.json`` (a JSON list of rows, ``{"data": [rows]}``, one row, or JSON lines),
+  ``.parquet`` (with ``pyarrow``) and ``.csv`` (a header line, then one row a line; every value
+  is text as written, and an empty cell is a missing value, ``None``). Values are kept as the
+  file has them: no schema is imposed across rows.
 * :func:`load_hub_rows`: rows per split of a hub dataset through ``datasets.load_dataset``, with an
   error that says what to do without network access;
 * :class:`DatasetSource`: the base of the loaders: argument checks, the lazy load, building
   instances split by split (``limit``, skipped rows), carving a deterministic dev split out of
   train by a stable hash of each row's key, and the :class:`~.base.TaskSource` methods.
 
-Each domain keeps its own reading of local files, its split mapping and its grading.
+Each domain keeps its split mapping, its reading of the rows and its grading.
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,13 +28,13 @@ from .base import SPLITS, TaskInstance, TaskSource, check_split
 from .hashing import stable_unit
 
 __all__ = [
+    "LOCAL_SUFFIXES",
     "DatasetSource",
     "PathLike",
     "PathSpec",
     "TaggedRows",
-    "expand_files",
     "load_hub_rows",
-    "spec_items",
+    "read_local_rows",
 ]
 
 PathLike = str | os.PathLike[str]
@@ -38,34 +44,81 @@ PathSpec = PathLike | Mapping[str, PathLike | Sequence[PathLike]]
 TaggedRows = list[tuple[str, int, dict[str, Any]]]
 
 
-def spec_items(spec: PathLike | Sequence[PathLike]) -> list[PathLike]:
-    """The files or directories of one split in a mapping ``path`` (one item or a sequence)."""
-    return [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
+#: File endings :func:`read_local_rows` reads.
+LOCAL_SUFFIXES: tuple[str, ...] = (".jsonl", ".json", ".parquet", ".csv")
 
 
-def expand_files(p: PathLike, suffixes: Sequence[str], *, check_suffix: bool) -> list[Path]:
-    """The files that ``p`` names: ``p`` itself, or a directory's files ending in ``suffixes``.
+def read_local_rows(path: PathSpec, file_split: str) -> dict[str, list[dict[str, Any]]]:
+    """Rows per split from local files (see the module docstring for the formats).
 
-    Directory entries are sorted by name. With ``check_suffix`` a single file must end in one of
-    ``suffixes`` too.
+    ``path`` is one file, a directory (its files with a known ending, sorted by name) or a
+    mapping ``{split: file(s) or directory}``; a single file or directory holds ``file_split``.
 
     Raises:
-        FileNotFoundError: ``p`` does not exist, or is a directory without such files.
-        ValueError: ``check_suffix`` and ``p`` is a file with another ending.
+        FileNotFoundError: a file does not exist, or a directory holds no readable file.
+        ValueError: a file has an unknown ending or is not valid in its format (the message
+            names the file, and the line for JSON lines).
     """
+    if not isinstance(path, Mapping):
+        return {file_split: [row for f in _files(path) for row in _read_file(f)]}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for split, spec in path.items():
+        items = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
+        out[str(split)] = [row for item in items for f in _files(item) for row in _read_file(f)]
+    return out
+
+
+def _files(p: PathLike) -> list[Path]:
+    """The files ``p`` names: ``p`` itself, or a directory's files with a known ending."""
     path = Path(p).expanduser()
     if path.is_dir():
-        files = sorted(
-            (f for f in path.iterdir() if f.suffix.lower() in suffixes), key=lambda f: str(f)
-        )
+        files = sorted(f for f in path.iterdir() if f.suffix.lower() in LOCAL_SUFFIXES)
         if not files:
-            raise FileNotFoundError(f"no {'/'.join(suffixes)} files in directory {path}")
+            raise FileNotFoundError(f"no {'/'.join(LOCAL_SUFFIXES)} files in directory {path}")
         return files
     if not path.exists():
         raise FileNotFoundError(f"dataset file {path} does not exist")
-    if check_suffix and path.suffix.lower() not in suffixes:
-        raise ValueError(f"cannot read {path}: use a file ending in {', '.join(suffixes)}")
+    if path.suffix.lower() not in LOCAL_SUFFIXES:
+        raise ValueError(
+            f"cannot read {path}: unknown file format; use a file ending in "
+            f"{', '.join(LOCAL_SUFFIXES)}"
+        )
     return [path]
+
+
+def _read_file(path: Path) -> list[dict[str, Any]]:
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return [dict(r) for r in pq.read_table(path).to_pylist()]
+    if suffix == ".csv":
+        with path.open(encoding="utf-8", newline="") as handle:
+            return [
+                {k: v if v != "" else None for k, v in r.items()} for r in csv.DictReader(handle)
+            ]
+    text = path.read_text(encoding="utf-8")
+    if suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None  # not one JSON document: read it as JSON lines below
+        if data is not None:
+            if isinstance(data, dict) and isinstance(data.get("data"), list):
+                data = data["data"]
+            if isinstance(data, dict):
+                data = [data]
+            if not isinstance(data, list):
+                raise ValueError(f"{path} holds a JSON {type(data).__name__}, not a list of rows")
+            return [dict(r) for r in data]
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(dict(json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not a JSON line ({e})") from e
+    return rows
 
 
 def load_hub_rows(
@@ -74,13 +127,12 @@ def load_hub_rows(
     *,
     revision: str | None = None,
     cache_dir: str | None = None,
-    local_files: str = "JSONL/JSON/parquet files in the dataset's own schema",
 ) -> dict[str, list[dict[str, Any]]]:
     """Rows per dataset split of a hub dataset, through ``datasets.load_dataset``.
 
     Raises:
         RuntimeError: the dataset could not be loaded; the message suggests passing ``path=`` to
-            local ``local_files`` instead.
+            local files instead.
     """
     import datasets as hf_datasets
 
@@ -92,7 +144,7 @@ def load_hub_rows(
         raise RuntimeError(
             f"could not load hub dataset {hub_id!r} (config {hub_config!r}): "
             f"{type(e).__name__}: {e}. Without network access pass path= to local "
-            f"{local_files}."
+            "JSONL/JSON/parquet/CSV files in the dataset's own schema."
         ) from e
     return {name: [dict(r) for r in ds] for name, ds in loaded.items()}
 

@@ -1,4 +1,4 @@
-"""Worker process for :class:`~selfcest_env.tasks.math.grading.MathVerifier` (not a public API).
+"""Worker process for :class:`~selfcest_env.tasks.math.verifier.MathVerifier` (not a public API).
 
 Reads JSON lines ``{"id", "gold", "pred", "pred_raw"}`` on stdin and writes ``{"id", "equal"}``
 or ``{"id", "error"}`` on stdout. Anything else that would go to stdout is sent to stderr, so the
@@ -18,9 +18,9 @@ def main() -> None:
     sys.stdout = sys.stderr
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    from selfcest_env.tasks.math.grading import _verify_inline
+    from selfcest_env.tasks.math.verifier import verify_inline
 
-    _verify_inline("1", "1", False)  # warm up: import sympy and the LaTeX parser now
+    verify_inline("1", "1", False)  # warm up: import sympy and the LaTeX parser now
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
     for line in sys.stdin:
@@ -30,7 +30,7 @@ def main() -> None:
         try:
             reply = {
                 "id": req["id"],
-                "equal": _verify_inline(req["gold"], req["pred"], req["pred_raw"]),
+                "equal": verify_inline(req["gold"], req["pred"], req["pred_raw"]),
             }
         except Exception as e:  # any failure is reported to the parent, which scores it 0
             reply = {"id": req.get("id"), "error": f"{type(e).__name__}: {e}"}

@@ -1,18 +1,18 @@
 """Math dataset loaders: GSM8K, MATH (all or a hard subset), MATH-500 and AIME.
 
-Every loader reads through Hugging Face ``datasets``, either from the hub or from local files:
+Every loader reads either local files or a hub dataset:
 
 * ``path=`` a local JSONL / JSON / parquet / CSV file, a directory of them, or a mapping
-  ``{split: file(s)}`` (our split names ``train`` / ``dev`` / ``test``, or the dataset's own names).
-  A single file (or directory) holds one split: the one its name says (``train``, ``dev``, ``val``,
-  ``validation``, ``test``), else ``file_split`` (default ``"test"``).
-* ``hub_id=`` (and ``hub_config=``, ``revision=``) a hub dataset; each class has a default id that
-  is used when no ``path`` is given.
+  ``{split: file(s)}`` (our split names ``train`` / ``dev`` / ``test``, or the dataset's own names),
+  read by :func:`selfcest_env.tasks.loading.read_local_rows`. A single file (or directory) holds
+  one split: the one its name says (``train``, ``dev``, ``val``, ``validation``, ``test``), else
+  ``file_split`` (default ``"test"``).
+* ``hub_id=`` (and ``hub_config=``, ``revision=``) a hub dataset, through Hugging Face
+  ``datasets``; each class has a default id that is used when no ``path`` is given.
 
 GSM8K's default resolution, when neither ``path`` nor ``hub_id`` is given: the file or directory
-named by the environment variable ``SELFCEST_GSM8K_PATH``; else ``../shared/data/gsm8k/test.jsonl``
-relative to the repository root (the test split shipped beside this project, not inside it); else
-the hub id ``openai/gsm8k`` (config ``main``).
+named by the environment variable ``SELFCEST_GSM8K_PATH``; else the hub id ``openai/gsm8k``
+(config ``main``).
 
 Splits: ``train`` and ``test`` map onto the dataset's splits of those names (``split_map``
 overrides the mapping). ``dev`` maps onto ``validation`` / ``dev`` / ``val`` when the dataset has
@@ -35,23 +35,14 @@ from typing import Any
 
 from ..base import SPLITS, Grade, TaskInstance
 from ..extraction import gsm8k_answer, last_box
-from ..loading import DatasetSource, PathLike, PathSpec, TaggedRows, expand_files, load_hub_rows
-from ..loading import spec_items as _spec_items
+from ..loading import DatasetSource, TaggedRows, load_hub_rows, read_local_rows
 from .grading import grade_math
 
 logger = logging.getLogger(__name__)
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-#: Where the GSM8K test split is looked for when nothing else is given (relative to the repo root).
-GSM8K_DEFAULT_LOCAL = Path("..") / "shared" / "data" / "gsm8k" / "test.jsonl"
+#: Names the GSM8K file or directory used when neither ``path`` nor ``hub_id`` is given.
 GSM8K_PATH_ENV = "SELFCEST_GSM8K_PATH"
 
-_FORMATS = {
-    ".jsonl": "json",
-    ".json": "json",
-    ".parquet": "parquet",
-    ".csv": "csv",
-}
 _DEV_NAMES = ("validation", "dev", "valid", "val")
 _SPLIT_WORDS = (
     ("train", "train"),
@@ -69,59 +60,6 @@ def _split_from_name(name: str) -> str | None:
         if re.search(rf"(?:^|[^a-z]){word}(?:[^a-z]|$)", stem):
             return split
     return None
-
-
-def _format_of(files: Sequence[str]) -> str:
-    kinds = {_FORMATS.get(Path(f).suffix.lower()) for f in files}
-    if None in kinds or len(kinds) != 1:
-        raise ValueError(
-            f"cannot tell the format of {list(files)}; use files ending in "
-            f"{', '.join(_FORMATS)} (all of one kind)"
-        )
-    return kinds.pop()  # type: ignore[return-value]
-
-
-def _expand(p: PathLike) -> list[str]:
-    return [str(f) for f in expand_files(p, tuple(_FORMATS), check_suffix=False)]
-
-
-def load_rows(
-    *,
-    path: PathSpec | None = None,
-    hub_id: str | None = None,
-    hub_config: str | None = None,
-    revision: str | None = None,
-    file_split: str = "test",
-    cache_dir: str | None = None,
-) -> dict[str, list[dict[str, Any]]]:
-    """Load a dataset as ``{dataset split name: rows}`` through ``datasets.load_dataset``.
-
-    Exactly one of ``path`` (local files, see the module docstring) and ``hub_id`` must be given.
-    """
-    import datasets as hf_datasets
-
-    if (path is None) == (hub_id is None):
-        raise ValueError("give exactly one of path= (local files) and hub_id= (hub dataset)")
-    if path is not None:
-        if isinstance(path, Mapping):
-            data_files: dict[str, list[str]] = {}
-            for split, files in path.items():
-                data_files[str(split)] = [f for item in _spec_items(files) for f in _expand(item)]
-        else:
-            files = _expand(path)
-            split = _split_from_name(str(path)) or file_split
-            data_files = {split: files}
-        fmt = _format_of([f for fs in data_files.values() for f in fs])
-        loaded = hf_datasets.load_dataset(fmt, data_files=data_files, cache_dir=cache_dir)
-        return {name: [dict(r) for r in ds] for name, ds in loaded.items()}
-    assert hub_id is not None
-    return load_hub_rows(
-        hub_id,
-        hub_config,
-        revision=revision,
-        cache_dir=cache_dir,
-        local_files="JSONL/parquet files in the same schema",
-    )
 
 
 def _field(row: Mapping[str, Any], names: Iterable[str], *, what: str) -> Any:
@@ -195,11 +133,18 @@ class DatasetMathSource(DatasetSource):
     def _fetch_rows(self) -> dict[str, list[dict[str, Any]]]:
         """Rows per dataset split, from wherever :meth:`resolve_location` says."""
         where = self.resolve_location()
-        rows = load_rows(
-            **where, revision=self.revision, file_split=self.file_split, cache_dir=self.cache_dir
-        )
+        if "path" in where:
+            path = where["path"]
+            file_split = None if isinstance(path, Mapping) else _split_from_name(str(path))
+            rows = read_local_rows(path, file_split or self.file_split)
+        else:
+            rows = self._hub_rows(where["hub_id"], where["hub_config"])
         logger.info("loaded %s from %s: %s", self.name, where, {k: len(v) for k, v in rows.items()})
         return rows
+
+    def _hub_rows(self, hub_id: str, hub_config: str | None) -> dict[str, list[dict[str, Any]]]:
+        """Rows per dataset split of one hub dataset config."""
+        return load_hub_rows(hub_id, hub_config, revision=self.revision, cache_dir=self.cache_dir)
 
     def assign_rows(self) -> dict[str, TaggedRows]:
         """The fetched rows assigned to our splits (see the module docstring)."""
@@ -265,8 +210,8 @@ class DatasetMathSource(DatasetSource):
 class GSM8KTask(DatasetMathSource):
     """GSM8K (fields ``question``, ``answer`` ending in ``#### <number>``).
 
-    Without ``path``/``hub_id`` it uses ``$SELFCEST_GSM8K_PATH``, then
-    ``../shared/data/gsm8k/test.jsonl`` beside the repository, then the hub id ``openai/gsm8k``.
+    Without ``path``/``hub_id`` it uses ``$SELFCEST_GSM8K_PATH``, else the hub id
+    ``openai/gsm8k``.
     """
 
     name = "gsm8k"
@@ -274,14 +219,11 @@ class GSM8KTask(DatasetMathSource):
     default_hub_config = "main"
 
     def resolve_location(self) -> dict[str, Any]:
-        """Local file from the environment variable or the default path, else the hub."""
-        if self.path is None and self.hub_id is None:
-            env = os.environ.get(GSM8K_PATH_ENV)
-            if env:
-                return {"path": env}
-            local = _REPO_ROOT / GSM8K_DEFAULT_LOCAL
-            if local.exists():
-                return {"path": str(local.resolve())}
+        """The path in ``$SELFCEST_GSM8K_PATH`` when neither ``path`` nor ``hub_id`` is given,
+        else as :meth:`DatasetMathSource.resolve_location`."""
+        env = os.environ.get(GSM8K_PATH_ENV)
+        if self.path is None and self.hub_id is None and env:
+            return {"path": env}
         return super().resolve_location()
 
     def row_key(self, row: Mapping[str, Any]) -> str:
@@ -359,13 +301,7 @@ class MATHTask(DatasetMathSource):
             # One config per subject on the hub: load each and concatenate.
             merged: dict[str, list[dict[str, Any]]] = {}
             for subject in self.subjects or _MATH_SUBJECTS:
-                part = load_rows(
-                    hub_id=_MATH_HUB_ID,
-                    hub_config=subject,
-                    revision=self.revision,
-                    cache_dir=self.cache_dir,
-                )
-                for name, rows in part.items():
+                for name, rows in self._hub_rows(_MATH_HUB_ID, subject).items():
                     merged.setdefault(name, []).extend(rows)
             return merged
         return super()._fetch_rows()

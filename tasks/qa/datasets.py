@@ -4,11 +4,12 @@ Every loader reads rows in the dataset's own schema, either
 
 * from the Hugging Face hub through ``datasets.load_dataset`` (``hub_id=``, ``hub_config=``,
   ``revision=``; each class has a default id used when no ``path`` is given), or
-* from local files (``path=``): a ``.jsonl`` file (one row a line), a ``.json`` file (a JSON list
-  of rows, as the original releases ship, or JSON lines), a ``.parquet`` file, a directory of
-  such files, or a mapping ``{split: file(s)}`` keyed by *our* split names. A single file or
-  directory holds the split ``file_split`` (default ``"test"``). Local JSON is read with the
-  standard library, so the original nested ``[title, [sentences]]`` lists load as they are.
+* from local files (``path=``): a ``.jsonl``, ``.json`` (a JSON list of rows, as the original
+  releases ship, or JSON lines), ``.parquet`` or ``.csv`` file, a directory of such files, or a
+  mapping ``{split: file(s)}`` keyed by *our* split names, read by
+  :func:`selfcest_env.tasks.loading.read_local_rows`. A single file or directory holds the split
+  ``file_split`` (default ``"test"``). Local JSON is read with the standard library, so the
+  original nested ``[title, [sentences]]`` lists load as they are.
 
 Fields accepted per dataset (each also in the HF parquet form where it differs):
 
@@ -44,19 +45,18 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from ..base import SPLITS, ContextItem, Grade, TaskInstance, check_split
-from ..loading import (
-    DatasetSource,
-    PathLike,
-    PathSpec,
-    TaggedRows,
-    expand_files,
-    load_hub_rows,
-    spec_items,
+from ..base import (
+    SPLITS,
+    ContextItem,
+    Grade,
+    TaskInstance,
+    TextCounter,
+    check_split,
+    default_token_counter,
 )
+from ..loading import DatasetSource, TaggedRows, load_hub_rows, read_local_rows
 from ._util import unique_keys
 from .metrics import grade_qa
 
@@ -67,63 +67,10 @@ __all__ = [
     "MuSiQueTask",
     "QADatasetSource",
     "TwoWikiMultihopQATask",
-    "read_local_rows",
 ]
 
-_SUFFIXES = (".jsonl", ".json", ".parquet")
 #: Dataset split names tried, in order, for our ``test`` split.
 _TEST_CANDIDATES = ("validation", "dev", "test")
-
-
-# ----------------------------------------------------------------------------------------------
-# Reading rows
-# ----------------------------------------------------------------------------------------------
-
-
-def _files(p: PathLike) -> list[Path]:
-    return expand_files(p, _SUFFIXES, check_suffix=True)
-
-
-def _read_file(path: Path) -> list[dict[str, Any]]:
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return [dict(r) for r in pq.read_table(path).to_pylist()]
-    text = path.read_text(encoding="utf-8")
-    if suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            data = None  # not one JSON document: read it as JSON lines below
-        if data is not None:
-            if isinstance(data, dict) and isinstance(data.get("data"), list):
-                data = data["data"]
-            if isinstance(data, dict):
-                data = [data]
-            if not isinstance(data, list):
-                raise ValueError(f"{path} holds a JSON {type(data).__name__}, not a list of rows")
-            return [dict(r) for r in data]
-    rows = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            try:
-                rows.append(dict(json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not a JSON line ({e})") from e
-    return rows
-
-
-def read_local_rows(path: PathSpec, file_split: str = "test") -> dict[str, list[dict[str, Any]]]:
-    """Rows per split from local files: ``{split: rows}`` (see the module docstring)."""
-    if isinstance(path, Mapping):
-        out: dict[str, list[dict[str, Any]]] = {}
-        for split, spec in path.items():
-            out[str(split)] = [
-                r for item in spec_items(spec) for f in _files(item) for r in _read_file(f)
-            ]
-        return out
-    return {file_split: [r for f in _files(path) for r in _read_file(f)]}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -205,23 +152,19 @@ class QADatasetSource(DatasetSource):
         file_split: The split a single local file or directory holds.
         limit: Keep at most this many instances per split.
         cache_dir: ``datasets`` cache folder.
-        token_counter: Counts ``metadata["context_tokens"]`` (default: the offline counter).
+        token_counter: Counts ``metadata["context_tokens"]`` (default: the offline counter; the
+            environment factory does not pass the model's, whose counts of every paragraph of a
+            large dataset would slow the load for a number nothing reads).
     """
 
     name = "qa_dataset"
     domain = "qa"
     dev_salt = "selfcest-qa-dev"
 
-    def __init__(self, *, token_counter: Any | None = None, **kwargs: Any) -> None:
-        if kwargs.get("path") is not None and kwargs.get("hub_id") is not None:
-            raise ValueError("give path= or hub_id=, not both")
+    def __init__(self, *, token_counter: TextCounter | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.file_split = check_split(self.file_split)
-        if token_counter is None:
-            from selfcest_env.tokens import OfflineTokenCounter
-
-            token_counter = OfflineTokenCounter()
-        self.token_counter = token_counter
+        self.token_counter = default_token_counter() if token_counter is None else token_counter
 
     # -- loading -------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""QA task sources: the synthetic multi-hop generator, the dataset loaders and the registry."""
+"""QA task sources: the synthetic multi-hop generator and the dataset loaders."""
 
 from __future__ import annotations
 
@@ -10,18 +10,11 @@ from pathlib import Path
 import pytest
 
 from selfcest_env.tasks.base import SPLITS, TaskInstance, TaskSource
-from selfcest_env.tasks.qa import (
-    HotpotQATask,
-    MuSiQueTask,
-    SyntheticQAConfig,
-    SyntheticQATask,
-    TwoWikiMultihopQATask,
-    make_qa_source,
-    qa_source_names,
-    solve,
-)
-from selfcest_env.tasks.qa.synthetic import TYPE_HOPS, parse_paragraph
+from selfcest_env.tasks.qa import HotpotQATask, MuSiQueTask, TwoWikiMultihopQATask
+from selfcest_env.tasks.qa.synthetic import TYPE_HOPS, SyntheticQAConfig, SyntheticQATask
+from selfcest_env.tasks.registry import make_source
 from selfcest_env.tokens import OfflineTokenCounter
+from tests.tasks.synthetic_solver import parse_paragraph, solve
 
 COMBOS = [(t, h) for t, hops in TYPE_HOPS.items() for h in hops]
 
@@ -68,7 +61,7 @@ def test_presets() -> None:
         answer = solve(inst.prompt, {paragraph.key: paragraph.text})
         assert easy.grade(inst, answer or "").correct
     assert (
-        make_qa_source("synthetic", preset="easy", num_distractors=1)
+        make_source("synthetic", preset="easy", num_distractors=1)
         .get("test", 0)
         .metadata["num_paragraphs"]
         == 2
@@ -234,21 +227,6 @@ def test_answers_and_aliases() -> None:
     assert seen_year and seen_person
     no_alias = SyntheticQATask(question_types=("inference",), hops=(2,), surname_alias=False)
     assert no_alias.get("train", 0).aliases == ()
-
-
-# -- registry -----------------------------------------------------------------------------------
-
-
-def test_make_qa_source() -> None:
-    assert qa_source_names() == ("synthetic", "2wikimultihopqa", "musique", "hotpotqa")
-    src = make_qa_source()
-    assert isinstance(src, SyntheticQATask)
-    assert make_qa_source("synthetic", seed=4, hops=(2,)).config.hops == (2,)
-    assert isinstance(make_qa_source("MuSiQue", path="x.jsonl"), MuSiQueTask)
-    assert isinstance(make_qa_source("2WikiMultihopQA"), TwoWikiMultihopQATask)
-    assert isinstance(make_qa_source("hotpot_qa"), HotpotQATask)
-    with pytest.raises(ValueError, match="synthetic, 2wikimultihopqa, musique, hotpotqa"):
-        make_qa_source("squad")
 
 
 # -- dataset loaders ----------------------------------------------------------------------------

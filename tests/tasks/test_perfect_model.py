@@ -110,7 +110,6 @@ def test_perfect_math_model_scores_one_in_every_format(math_env: gym.Env, index:
             if isinstance(action, str) and not grade_math(action, case.gold).correct:
                 misses.append(f"direct {name}: {action!r}")
     assert not misses, misses
-    assert len(case.spellings) * len(FORMATS) >= 6
 
 
 @pytest.mark.parametrize("index", range(len(MATH_CASES)), ids=[c.kind for c in MATH_CASES])
@@ -140,10 +139,6 @@ def test_perfect_qa_model_scores_one_and_hedges_zero(qa_env: gym.Env, index: int
             assert _score(qa_env, index, render(wrong)) == 0.0, render(wrong)
         for _, hedge in HEDGES:
             assert _score(qa_env, index, hedge(case.spellings[0], wrong)) == 0.0
-            assert grade_qa(hedge(case.spellings[0], wrong), case.gold, match="contains").score in (
-                0.0,
-                1.0,
-            )
 
 
 @pytest.mark.parametrize("match", ["exact", "contains"])

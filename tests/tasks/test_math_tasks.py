@@ -1,4 +1,4 @@
-"""Math task sources: arithmetic, Countdown, dataset loaders, CHAMP and the source registry."""
+"""Math task sources: arithmetic, Countdown, the dataset loaders and CHAMP."""
 
 from __future__ import annotations
 
@@ -12,14 +12,7 @@ from pathlib import Path
 import pytest
 
 from selfcest_env.tasks.base import SPLITS, TaskInstance, TaskSource
-from selfcest_env.tasks.math import (
-    ArithmeticConfig,
-    ArithmeticTask,
-    CountdownTask,
-    grade_countdown,
-    make_math_source,
-    math_source_names,
-)
+from selfcest_env.tasks.math import ArithmeticConfig, ArithmeticTask, CountdownTask, grade_countdown
 from selfcest_env.tasks.math.countdown import ExpressionError, evaluate_expression
 from selfcest_env.tasks.math.datasets import (
     GSM8K_PATH_ENV,
@@ -29,8 +22,10 @@ from selfcest_env.tasks.math.datasets import (
     MATHHardTask,
     MATHTask,
 )
+from selfcest_env.tasks.registry import make_source
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
+#: The real GSM8K test split: $SELFCEST_GSM8K_PATH, else the copy shipped beside this checkout.
 GSM8K_FILE = Path(os.environ.get(GSM8K_PATH_ENV) or REPO / ".." / "shared/data/gsm8k/test.jsonl")
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
@@ -307,9 +302,12 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-@pytest.mark.skipif(not GSM8K_FILE.exists(), reason=f"GSM8K test file not found at {GSM8K_FILE}")
+@pytest.mark.skipif(
+    not GSM8K_FILE.exists(),
+    reason=f"the GSM8K test file is not at {GSM8K_FILE}; set {GSM8K_PATH_ENV} to a copy",
+)
 def test_gsm8k_real_test_split_all_gold_correct() -> None:
-    task = GSM8KTask()  # default resolution finds the shared file
+    task = GSM8KTask(path=GSM8K_FILE)
     assert task.size("test") == 1319
     raw = [json.loads(line) for line in GSM8K_FILE.read_text(encoding="utf-8").splitlines()]
     for i, row in enumerate(raw):
@@ -330,7 +328,7 @@ def test_gsm8k_local_train_dev_carved(tmp_path: Path) -> None:
     ]
     _write_jsonl(tmp_path / "train.jsonl", rows)
     _write_jsonl(tmp_path / "test.jsonl", rows[:10])
-    task = make_math_source(
+    task = make_source(
         "gsm8k",
         path={"train": tmp_path / "train.jsonl", "test": tmp_path / "test.jsonl"},
         dev_fraction=0.2,
@@ -423,7 +421,7 @@ def test_math500_loader_parquet(tmp_path: Path) -> None:
         },
     ]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "test-00000.parquet")
-    task = make_math_source("MATH-500", path=tmp_path)
+    task = make_source("MATH-500", path=tmp_path)
     assert isinstance(task, MATH500Task) and task.size("test") == 2
     inst = task.get("test", 1)
     assert inst.answer == "2\\sqrt{3}" and inst.metadata["unique_id"] == "test/prealgebra/7.json"
@@ -481,9 +479,14 @@ def test_gsm8k_env_var_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     task = GSM8KTask()
     assert task.resolve_location() == {"path": str(f)}
     assert task.size("test") == 1 and task.get("test", 0).answer == "2"
+    other = _write_jsonl(tmp_path / "other.jsonl", [{"question": "2+2?", "answer": "#### 4"}])
+    assert GSM8KTask(path=other).get("test", 0).answer == "4"  # path= wins over the variable
 
 
-def test_hub_defaults_are_real_ids() -> None:
+def test_hub_defaults_are_real_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(GSM8K_PATH_ENV, raising=False)
+    # No local default: without path=, hub_id= or the variable, GSM8K comes from the hub.
+    assert GSM8KTask().resolve_location() == {"hub_id": "openai/gsm8k", "hub_config": "main"}
     assert MATHTask().resolve_location()["hub_id"] == "EleutherAI/hendrycks_math"
     assert MATH500Task().resolve_location()["hub_id"] == "HuggingFaceH4/MATH-500"
     assert AIMETask().resolve_location()["hub_id"] == "AI-MO/aimo-validation-aime"
@@ -494,12 +497,12 @@ def test_hub_defaults_are_real_ids() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# CHAMP and the registry
+# CHAMP
 # --------------------------------------------------------------------------------------------
 
 
 def test_champ_offline() -> None:
-    task = make_math_source("champ")
+    task = make_source("champ")
     assert task.size("test") == 270 and task.size("train") == 0
     categories = Counter(task.get("test", i).metadata["category"] for i in range(270))
     assert categories["Number-Theory"] == 80 and len(categories) == 5
@@ -510,27 +513,8 @@ def test_champ_offline() -> None:
     assert task.grade(inst, f"Answer: {inst.aliases[0]}").correct
     numeric = next(task.get("test", i) for i in range(270) if task.get("test", i).answer == "89")
     assert not task.grade(numeric, "Answer: 90").correct
-    split = make_math_source("champ", dev_fraction=0.25)
+    split = make_source("champ", dev_fraction=0.25)
     assert split.size("dev") + split.size("test") == 270 and 30 < split.size("dev") < 110
-
-
-def test_make_math_source() -> None:
-    assert set(math_source_names()) >= {
-        "arithmetic",
-        "countdown",
-        "gsm8k",
-        "math",
-        "math500",
-        "aime",
-        "champ",
-    }
-    src = make_math_source()
-    assert isinstance(src, ArithmeticTask) and src.config.preset_name == "reference"
-    easy = make_math_source("arithmetic", preset="easy", seed=3)
-    assert isinstance(easy, ArithmeticTask) and easy.seed == 3
-    assert isinstance(make_math_source("Countdown"), CountdownTask)
-    with pytest.raises(ValueError, match="arithmetic, countdown"):
-        make_math_source("nope")
 
 
 def test_split_map_never_duplicates_a_split(tmp_path: Path) -> None:
@@ -557,11 +541,13 @@ def test_sources_pickle(tmp_path: Path) -> None:
 def test_math_hub_loads_every_subject_config(monkeypatch: pytest.MonkeyPatch) -> None:
     from selfcest_env.tasks.math import datasets as loaders
 
-    calls: list[tuple[str | None, str | None]] = []
+    calls: list[tuple[str, str | None]] = []
 
-    def fake_load_rows(**kwargs: object) -> dict[str, list[dict]]:
-        calls.append((kwargs.get("hub_id"), kwargs.get("hub_config")))  # type: ignore[arg-type]
-        subject = str(kwargs["hub_config"]).replace("_", " ").title()
+    def fake_load_hub_rows(
+        hub_id: str, hub_config: str | None = None, **kwargs: object
+    ) -> dict[str, list[dict]]:
+        calls.append((hub_id, hub_config))
+        subject = str(hub_config).replace("_", " ").title()
         row = {
             "problem": f"P {subject}",
             "solution": "\\boxed{1}",
@@ -570,7 +556,7 @@ def test_math_hub_loads_every_subject_config(monkeypatch: pytest.MonkeyPatch) ->
         }
         return {"train": [row] * 10, "test": [row]}
 
-    monkeypatch.setattr(loaders, "load_rows", fake_load_rows)
+    monkeypatch.setattr(loaders, "load_hub_rows", fake_load_hub_rows)
     task = MATHTask(subjects=["algebra", "number_theory"], dev_fraction=0.0)
     assert task.size("test") == 2 and task.size("train") == 20
     assert calls == [

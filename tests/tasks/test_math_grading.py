@@ -10,13 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from selfcest_env.tasks.extraction import final_answer, last_box
-from selfcest_env.tasks.math.grading import (
-    MathVerifier,
-    grade_integer,
-    grade_math,
-    parse_number,
-    read_number,
-)
+from selfcest_env.tasks.math.grading import grade_integer, grade_math, parse_number, read_number
+from selfcest_env.tasks.math.verifier import MathVerifier
 
 # (reply, gold, expected correct)
 GRADING_TABLE: list[tuple[str, str, bool]] = [
@@ -92,11 +87,6 @@ def test_grading_table(reply: str, gold: str, expected: bool) -> None:
     assert grade.correct is expected, grade.details
     assert grade.score == (1.0 if expected else 0.0)
     assert "error" not in grade.details, grade.details
-
-
-def test_table_is_large_enough() -> None:
-    assert len(GRADING_TABLE) >= 40
-    assert sum(1 for *_, ok in GRADING_TABLE if not ok) >= 15
 
 
 @pytest.mark.parametrize(
