@@ -12,17 +12,14 @@ from __future__ import annotations
 import statistics
 import time
 
-import gymnasium as gym
-
-import selfcest_env  # noqa: F401  (registers the ids)
-from selfcest_env import EnvConfig, Limits, Return, SelfCestEnv, Spawn
+from selfcest_env import EnvConfig, Limits, Return, SelfCestEnv, Spawn, make_env
 from selfcest_env.agents.scripted import ScriptedDelegator, ScriptedMonolithic
-from selfcest_env.tasks.math import make_math_source
+from selfcest_env.tasks.registry import make_source
 
 
 def median_step_seconds(agent, episodes: int = 200) -> float:
     """Median wall time of one ``env.step`` call with ``agent`` choosing the actions."""
-    env = gym.make("SelfCest-Math-v0").unwrapped
+    env = make_env("SelfCest-Math-v0")
     timings = []
     for seed in range(episodes):
         obs, info = env.reset(seed=seed)
@@ -39,7 +36,7 @@ def median_step_seconds(agent, episodes: int = 200) -> float:
 def fan_out_episode_seconds(clones: int, repeats: int = 3) -> float:
     """Best-of-``repeats`` wall time of an episode whose root spawns ``clones`` clones."""
     limits = Limits(max_clones_per_call=clones, max_contexts=clones + 1, context_window=None)
-    env = SelfCestEnv(make_math_source("arithmetic"), EnvConfig(limits=limits))
+    env = SelfCestEnv(make_source("arithmetic"), EnvConfig(limits=limits))
     objectives = [f"Calculate the value of {i} + {i}." for i in range(clones)]
     best = float("inf")
     for seed in range(repeats):

@@ -28,27 +28,24 @@ import time
 import tracemalloc
 from collections.abc import Sequence
 
-import gymnasium as gym
-
-import selfcest_env  # noqa: F401  (registers the ids)
-from selfcest_env import EnvConfig, Limits, Return, SelfCestEnv, Spawn
-from selfcest_env.agents.scripted import ScriptedDelegator, ScriptedMonolithic
+from selfcest_env import EnvConfig, Limits, Return, SelfCestEnv, Spawn, make_env
+from selfcest_env.agents.registry import make_agent
 from selfcest_env.rollout import ContextView, episode_specs, run_episodes
-from selfcest_env.tasks.math import make_math_source
+from selfcest_env.tasks.registry import make_source
 
 PARALLEL = (1, 8, 64, 512)
-AGENTS = {"scripted-monolithic": ScriptedMonolithic, "scripted-delegate": ScriptedDelegator}
+AGENTS = ("scripted-monolithic", "scripted-delegate")
 CLONES = (100, 1_000, 10_000)
 MIB = 1024 * 1024
 
 
 def play(agent_name: str, parallel: int, episodes: int) -> float:
     """Seconds to play ``episodes`` episodes with ``parallel`` envs in one driver."""
-    agent = AGENTS[agent_name]()
+    agent = make_agent(agent_name)
     start = time.perf_counter()
     results = list(
         run_episodes(
-            lambda: gym.make("SelfCest-Math-v0").unwrapped,
+            lambda: make_env("SelfCest-Math-v0"),
             agent,
             episode_specs(range(episodes)),
             parallel=parallel,
@@ -130,7 +127,7 @@ def episode_memory(clones: int) -> tuple[float, int, float]:
     the wall time (s)."""
     # the root's spawn turn lists every objective: its prompt outgrows any fixed window
     limits = Limits(max_clones_per_call=clones, max_contexts=clones + 1, context_window=None)
-    make_env = lambda: SelfCestEnv(make_math_source("arithmetic"), EnvConfig(limits=limits))  # noqa: E731
+    make_env = lambda: SelfCestEnv(make_source("arithmetic"), EnvConfig(limits=limits))  # noqa: E731
     tracemalloc.start()
     start = time.perf_counter()
     (result,) = run_episodes(

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from selfcest_env import EnvConfig, Limits, Return, SelfCestEnv, Spawn, Turn
-from selfcest_env.tasks.math import make_math_source
+from selfcest_env.tasks.registry import make_source
 
 #: name -> builds a hostile action whose text is about ``n`` kilobytes.
 FAMILIES: dict[str, Callable[[int], object]] = {
@@ -47,7 +47,7 @@ FAMILIES: dict[str, Callable[[int], object]] = {
 def make_env(max_new_tokens: int) -> SelfCestEnv:
     """An arithmetic env with the default limits and the given per-turn cap."""
     limits = Limits(max_new_tokens=max_new_tokens)
-    return SelfCestEnv(make_math_source("arithmetic"), EnvConfig(limits=limits))
+    return SelfCestEnv(make_source("arithmetic"), EnvConfig(limits=limits))
 
 
 def step_seconds(env: SelfCestEnv, action: object, seed: int = 0) -> float:

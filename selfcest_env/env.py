@@ -20,19 +20,17 @@ import logging
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
-from selfcest_env.budget import Ledger, Limits
+from selfcest_env.budget import Ledger
+from selfcest_env.config import EnvConfig
+from selfcest_env.observations import context_info, observation
 from selfcest_env.prompts import (
-    PromptConfig,
     answer_line,
     clone_user_message,
     root_user_message,
-    spawn_clone_schema,
     tool_message,
 )
 from selfcest_env.protocol import (
@@ -41,21 +39,19 @@ from selfcest_env.protocol import (
     ParsedTurn,
     TurnInput,
     clean_text,
-    clip_action,
     parse_turn,
-    to_turn_input,
 )
 from selfcest_env.reward import RewardBreakdown, RewardConfig, clone_reward, terminal_reward
 from selfcest_env.safe_grading import grade_safely
 from selfcest_env.spaces import action_space, observation_space
-from selfcest_env.tasks.base import Grade, TaskInstance, TaskSource, check_split
+from selfcest_env.tasks.base import Grade, TaskInstance, TaskSource
 from selfcest_env.text import printable
-from selfcest_env.tokens import TokenCounter, as_token_counter, chars_per_token, token_id_limit
+from selfcest_env.tokens import TokenCounter, as_token_counter
+from selfcest_env.trace import EpisodeTrace
 from selfcest_env.tree import Context, TurnRecord
+from selfcest_env.turns import bounded_turn, charge_turn
 
 logger = logging.getLogger(__name__)
-
-RootView = Literal["keys", "full"]
 
 #: ``info["end_reason"]`` values: the root answered, a limit ended the episode first, or
 #: something outside the policy failed (:data:`ABORT_REASONS`, see :meth:`SelfCestEnv.abort`).
@@ -77,46 +73,6 @@ _FAILURE_END_REASON = {
     "budget limit": "gen_budget",
     "turn limit": "turn_limit",
 }
-
-
-@dataclass(frozen=True)
-class EnvConfig:
-    """Everything that shapes an episode besides the task source.
-
-    Attributes:
-        limits: Token and count limits (:class:`~selfcest_env.budget.Limits`).
-        reward: Reward constants; ``None`` picks the reference rule for the task's domain.
-        prompts: Prompt wording and answer truncation.
-        split: Task split episodes are drawn from (``train``, ``dev`` or ``test``).
-        root_view: QA only: ``"keys"`` shows the root the paragraph titles, ``"full"`` the
-            paragraphs themselves.
-        reveal_answer: Put the gold answer into the final ``info`` (off, so that agents cannot
-            read labels by accident).
-        max_prompt_chars: Upper bound of the prompt text space.
-        grade_timeout_s: Seconds the task's grader may take before the answer scores 0 with the
-            reason in ``info["grade_error"]`` (``None``: no limit); see
-            :mod:`selfcest_env.safe_grading`. Generous by default: the math grader's first call
-            starts a worker process.
-    """
-
-    limits: Limits = field(default_factory=Limits)
-    reward: RewardConfig | None = None
-    prompts: PromptConfig = field(default_factory=PromptConfig)
-    split: str = "test"
-    root_view: RootView = "keys"
-    reveal_answer: bool = False
-    max_prompt_chars: int = 1 << 26
-    grade_timeout_s: float | None = 300.0
-
-    def __post_init__(self) -> None:
-        check_split(self.split)
-        if self.root_view not in ("keys", "full"):
-            raise ValueError(f"root_view must be 'keys' or 'full', got {self.root_view!r}")
-        timeout = self.grade_timeout_s
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
-        ):
-            raise ValueError(f"grade_timeout_s must be a positive number or None, got {timeout!r}")
 
 
 class SelfCestEnv(gym.Env[dict[str, Any], Any]):
@@ -381,72 +337,30 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
             self._fail_all_runnable("budget limit")
 
     def _turn_input(self, context: Context, action: Action) -> TurnInput:
-        """``action`` cut to the bounds of ``context``'s next turn (:func:`clip_action`), then
-        normalised; the bounds follow the token limits, never the action's size.
-
-        Strings keep ``chars_per_token * (tokens + 1)`` characters, more than ``tokens`` tokens
-        of the counter can spell (:func:`~selfcest_env.tokens.chars_per_token`), so the cut
-        changes no count: ``tokens`` is the turn's allowance for a turn charged by counting its
-        text, and the context window for a turn charged by its token ids (its text is not
-        counted now, but it joins the context, which holds at most a window);
-        :attr:`EnvConfig.max_prompt_chars` where that is unlimited. Token ids keep one more than
-        the allowance, so that a longer turn is still truncated to it.
-        """
+        """``action`` cut to the bounds of ``context``'s next turn (:func:`bounded_turn`)."""
         allowance, _ = self._allowance(context)
-        has_ids = getattr(action, "token_ids", None) is not None
-        tokens = self.limits.context_window if has_ids else allowance
-        max_chars = self.config.max_prompt_chars
-        if tokens is not None:
-            max_chars = min(max_chars, chars_per_token(self.counter) * (tokens + 1))
-        max_ids = None if allowance is None else allowance + 1
-        action, clipped = clip_action(action, max_chars, max_ids)
-        return replace(to_turn_input(action), clipped=clipped)
-
-    def _valid_ids(self, token_ids: tuple[int, ...]) -> bool:
-        """Whether every id (of those a turn keeps) is a token of the counter (``0 <= id <
-        token_id_limit``); logs the first one that is not."""
-        limit = token_id_limit(self.counter)
-        bad = next((t for t in token_ids if not 0 <= t < limit), None)
-        if bad is None:
-            return True
-        logger.warning(
-            "token id %d is not in [0, %d): the turn's ids and logprobs are dropped and its text "
-            "is counted instead; pass the ids the model sampled, from the env's tokenizer",
-            bad,
-            limit,
+        return bounded_turn(
+            action,
+            allowance,
+            self.limits.context_window,
+            self.counter,
+            self.config.max_prompt_chars,
         )
-        return False
 
     def _take_turn(self, context: Context, turn: TurnInput) -> None:
         allowance, reason = self._allowance(context)
         if reason is not None:
             self._fail(context, reason)
             return
-        text, token_ids, logprobs = turn.text, turn.token_ids, turn.logprobs
-        if token_ids is not None and not self._valid_ids(token_ids[:allowance]):
-            token_ids = logprobs = None
-        cut = False  # cut to the allowance
-        if token_ids is not None:
-            used = len(token_ids)
-            if allowance is not None and used > allowance:
-                token_ids = token_ids[:allowance]
-                logprobs = None if logprobs is None else logprobs[:allowance]
-                decode = getattr(self.counter, "decode_ids", None)
-                text = decode(token_ids) if decode else self.counter.truncate_text(text, allowance)
-                used, cut = allowance, True
-        else:
-            used = self.counter.count_text(text)
-            if allowance is not None and used > allowance:
-                text = self.counter.truncate_text(text, allowance)
-                used, cut = min(self.counter.count_text(text), allowance), True
-        truncated = cut or turn.clipped
+        charged = charge_turn(turn, allowance, self.counter)
+        text, used, truncated = charged.text, charged.used, charged.truncated
         record = TurnRecord(
             index=len(context.turns) + 1,
             prompt_tokens=context.prompt_length,
             gen_tokens=used,
             text=text,
-            token_ids=token_ids,
-            logprobs=logprobs,
+            token_ids=charged.token_ids,
+            logprobs=charged.logprobs,
             truncated=truncated,
         )
         context.turns.append(record)
@@ -460,7 +374,7 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         context.peak_length = max(context.peak_length, context.length)
         ledger.record_length(context.length, context.parent is None)
         context.messages.append({"role": "assistant", "content": text})
-        parsed = turn.parsed if turn.parsed is not None and not cut else None
+        parsed = turn.parsed if turn.parsed is not None and not charged.cut else None
         if parsed is None:
             parsed = parse_turn(text, self.limits.max_tool_calls_per_turn)
         record.repairs = list(parsed.repairs)
@@ -649,18 +563,19 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         )
 
     def trace(self) -> dict[str, Any]:
-        """The whole tree so far: per context its messages, turns, usage, answer and reward."""
+        """The whole tree so far (per context its messages, turns, usage, answer and reward), as
+        the plain dict of a :class:`~selfcest_env.trace.EpisodeTrace`."""
         assert self._instance is not None
-        return {
-            "task_id": self._instance.task_id,
-            "source": self.task.name,
-            "split": self.config.split,
-            "end_reason": self._end_reason,
-            "error": self._final.get("error"),
-            "reward": self._contexts[0].reward if self._contexts else None,
-            "meters": self._ledger.meters(),
-            "contexts": [c.to_dict() for c in self._contexts],
-        }
+        return EpisodeTrace(
+            task_id=self._instance.task_id,
+            source=self.task.name,
+            split=self.config.split,
+            end_reason=self._end_reason,
+            error=self._final.get("error"),
+            reward=self._contexts[0].reward if self._contexts else None,
+            meters=self._ledger.meters(),
+            contexts=tuple(context.to_trace() for context in self._contexts),
+        ).to_dict()
 
     def _step_result(self) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         if self._end_reason is not None:
@@ -672,85 +587,13 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         active = self._contexts[next(iter(self._runnable))]
         return self._observe(active), 0.0, False, False, self._info(active)
 
-    def _budgets(self, context: Context) -> dict[str, float]:
-        allowance, _ = self._allowance(context)
-        window = self.limits.context_window
-        turns = self.limits.max_turns
-        return {
-            "max_new_tokens": math.inf if allowance is None else float(allowance),
-            "remaining_gen_tokens": float(self._ledger.remaining_gen_tokens()),
-            "remaining_context_tokens": math.inf
-            if window is None
-            else float(max(0, window - context.length)),
-            "remaining_turns": math.inf if turns is None else float(turns - len(context.turns)),
-        }
-
     def _observe(self, context: Context) -> dict[str, Any]:
-        obs: dict[str, Any] = {
-            "context_id": np.array(context.id, dtype=np.int64),
-            "depth": np.array(context.depth, dtype=np.int64),
-            "prompt": render_messages(context.messages),
-        }
-        for key, value in self._budgets(context).items():
-            obs[key] = np.array(value, dtype=np.float64)
-        return obs
+        allowance, _ = self._allowance(context)
+        return observation(context, allowance, self._ledger.remaining_gen_tokens(), self.limits)
 
     def _info(self, context: Context) -> dict[str, Any]:
         allowance, _ = self._allowance(context)
-        return {
-            "context_id": context.id,
-            "depth": context.depth,
-            "label": context.label,
-            "turn": len(context.turns) + 1,
-            "messages": [dict(m) for m in context.messages],
-            "objective": context.objective,
-            "context_keys": list(self._paragraphs) if context.may_spawn else [],
-            "answer_type": self.task.answer_type,
-            "tools": [spawn_clone_schema()] if context.may_spawn else [],
-            "max_new_tokens": allowance,
-            "meters": self._ledger.meters(),
-            "runnable": len(self._runnable),
-        }
-
-
-#: Opens the header line of each message in :func:`render_messages`, and nothing else there;
-#: inside a message it is written :data:`_HEADER_OPEN_ESCAPED`.
-_HEADER_OPEN = "<|"
-_HEADER_OPEN_ESCAPED = "<\\|"
-
-
-def render_messages(messages: list[dict[str, str]]) -> str:
-    """The plain-text prompt of a context: a ``<|role|>`` header line before each message.
-
-    Only the headers contain ``<|``: inside a message it is written ``<\\|``, so that text a
-    model wrote (a clone's answer, an objective) can neither forge a header line (``<|system|>``)
-    nor spell a ``<|...|>`` special token (``<|im_start|>``).
-    """
-    return "\n".join(
-        f"{_HEADER_OPEN}{m['role']}|>\n{m['content'].replace(_HEADER_OPEN, _HEADER_OPEN_ESCAPED)}"
-        for m in messages
-    )
-
-
-_CONFIG_FIELDS = {f.name for f in fields(EnvConfig)}
-_LIMIT_FIELDS = {f.name for f in fields(Limits)}
-
-
-def split_env_kwargs(
-    kwargs: Mapping[str, Any], config: EnvConfig | None = None
-) -> tuple[EnvConfig, dict[str, Any]]:
-    """Route keyword arguments to :class:`EnvConfig`, :class:`Limits` or the task source.
-
-    ``gym.make("SelfCest-Math-v0", max_depth=2, split="dev", preset="easy")`` sets a limit,
-    a config field and a source argument in one call.
-    """
-    config = config or EnvConfig()
-    config_updates = {k: v for k, v in kwargs.items() if k in _CONFIG_FIELDS}
-    limit_updates = {k: v for k, v in kwargs.items() if k in _LIMIT_FIELDS}
-    source_kwargs = {
-        k: v for k, v in kwargs.items() if k not in _CONFIG_FIELDS and k not in _LIMIT_FIELDS
-    }
-    if limit_updates:
-        base = config_updates.get("limits", config.limits)
-        config_updates["limits"] = replace(base, **limit_updates)
-    return replace(config, **config_updates), source_kwargs
+        info = context_info(context, allowance, self.task.answer_type, list(self._paragraphs))
+        info["meters"] = self._ledger.meters()
+        info["runnable"] = len(self._runnable)
+        return info

@@ -149,3 +149,22 @@ def answer_line(label: str, answer: str, config: PromptConfig) -> str:
     if len(answer) > config.answer_chars:
         answer = answer[: config.answer_chars - 3] + "..."
     return f"{label}: {answer}"
+
+
+#: Opens the header line of each message in :func:`render_messages`, and nothing else there;
+#: inside a message it is written :data:`_HEADER_OPEN_ESCAPED`.
+_HEADER_OPEN = "<|"
+_HEADER_OPEN_ESCAPED = "<\\|"
+
+
+def render_messages(messages: list[dict[str, str]]) -> str:
+    """The plain-text prompt of a context: a ``<|role|>`` header line before each message.
+
+    Only the headers contain ``<|``: inside a message it is written ``<\\|``, so that text a
+    model wrote (a clone's answer, an objective) can neither forge a header line (``<|system|>``)
+    nor spell a ``<|...|>`` special token (``<|im_start|>``).
+    """
+    return "\n".join(
+        f"{_HEADER_OPEN}{m['role']}|>\n{m['content'].replace(_HEADER_OPEN, _HEADER_OPEN_ESCAPED)}"
+        for m in messages
+    )

@@ -21,9 +21,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from itertools import islice
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from selfcest_env.tasks.extraction import final_answer
@@ -184,7 +183,8 @@ class TurnInput:
     token_ids: tuple[int, ...] | None
     logprobs: tuple[float, ...] | None
     parsed: ParsedTurn | None = field(default=None)
-    #: Whether :func:`clip_action` cut what the action carried (the turn counts as truncated).
+    #: Whether :func:`~selfcest_env.turns.clip_action` cut what the action carried (the turn
+    #: counts as truncated).
     clipped: bool = False
 
 
@@ -197,7 +197,8 @@ def to_turn_input(action: Action) -> TurnInput:
     ``token_ids`` or ``logprobs`` that are not all numbers are dropped (logged), and
     ``logprobs`` without token ids or whose length differs from ``token_ids`` are dropped (the
     latter logged), since the ledger and trainers need one logprob per sampled token. Nothing
-    is bounded here: the environment passes actions through :func:`clip_action` first.
+    is bounded here: the environment passes actions through
+    :func:`~selfcest_env.turns.clip_action` first.
 
     Raises:
         TypeError: when ``action`` is none of ``str``, :class:`Turn`, :class:`Spawn`,
@@ -247,98 +248,6 @@ def _numbers(values: Any, convert: Callable[[Any], Any], what: str) -> tuple[Any
             "dropping %s that are not all numbers (%s): pass a list of numbers", what, error
         )
         return None
-
-
-def clip_action(action: Any, max_chars: int, max_ids: int | None = None) -> tuple[Any, bool]:
-    """``action`` with what it carries cut to bounds, and whether anything was cut.
-
-    For the environment, before it reads an action at all, so that a step's work and memory
-    follow its bounds instead of the action's size: a text (a ``str`` action, a turn's ``text``,
-    a return's ``answer``) keeps its first ``max_chars`` characters; a spawn's objectives and
-    keys share one budget of ``max_chars``, each string taking its length plus one and every
-    other value (a list, an objective, ``None``) one, so that a million empty strings are bounded
-    too; what lies past the budget is cut or dropped (so are structures nested deeper than a
-    spawn's documented form); ``token_ids`` and ``logprobs`` keep their first ``max_ids`` values
-    (not counted as a cut: the environment truncates a turn longer than its allowance itself,
-    and compares the two lengths over what is kept). Anything that is not an action comes back
-    unchanged, for :func:`to_turn_input` to reject.
-    """
-    if isinstance(action, str):
-        return action[:max_chars], len(action) > max_chars
-    if not isinstance(action, (Turn, Spawn, Return)):
-        return action, False
-    changes: dict[str, Any] = {
-        "token_ids": _head(action.token_ids, max_ids),
-        "logprobs": _head(action.logprobs, max_ids),
-    }
-    clipped = False
-    names = ("text", "answer") if isinstance(action, Return) else ("text",)
-    for name in names:
-        value = getattr(action, name)
-        if isinstance(value, str) and len(value) > max_chars:
-            changes[name], clipped = value[:max_chars], True
-    if isinstance(action, Spawn):
-        clipper = _Clipper(max_chars)
-        changes["objectives"] = clipper(action.objectives)
-        changes["shared_context"] = clipper(action.shared_context)
-        clipped = clipped or clipper.cut
-    return replace(action, **changes), clipped
-
-
-def _head(values: Any, count: int | None) -> Any:
-    """The first ``count`` of ``values`` (all of them when ``count`` is ``None``; values that
-    cannot be iterated as they are, for :func:`_numbers` to report)."""
-    if values is None or count is None:
-        return values
-    try:
-        return list(islice(values, count))
-    except TypeError:
-        return values
-
-
-class _Clipper:
-    """Cuts a spawn's fields to one shared character budget (see :func:`clip_action`)."""
-
-    #: Nesting kept below a field: objective list, objective object, its key list, a key.
-    MAX_DEPTH = 3
-
-    def __init__(self, budget: int) -> None:
-        self.left = budget
-        self.cut = False
-
-    def __call__(self, value: Any, depth: int = 0) -> Any:
-        """``value`` cut to what is left of the budget."""
-        if isinstance(value, str):
-            piece = value[: max(self.left, 0)]
-            self.cut = self.cut or len(piece) < len(value)
-            self.left -= len(piece) + 1
-            return piece
-        self.left -= 1
-        if isinstance(value, Objective):
-            return Objective(
-                self(value.instruction, depth + 1),
-                self(value.name, depth + 1),
-                self(value.shared_context, depth + 1),
-            )
-        if not isinstance(value, (Mapping, Sequence)):
-            return value
-        if depth >= self.MAX_DEPTH:
-            self.cut = True
-            return None
-        mapping = isinstance(value, Mapping)
-        kept: list[Any] = []
-        for item in value.items() if mapping else value:
-            if self.left <= 0:
-                self.cut = True
-                break
-            if mapping:
-                key, entry = item
-                kept.append((self(key, depth + 1), self(entry, depth + 1)))
-            else:
-                kept.append(self(item, depth + 1))
-        if mapping:
-            return dict(kept)
-        return tuple(kept) if isinstance(value, tuple) else kept
 
 
 def _structured_spawn(action: Spawn) -> ParsedTurn:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from tqdm.auto import tqdm
 
 from selfcest_env.env import ABORT_REASONS, SelfCestEnv
+from selfcest_env.episodes import EpisodeResult
 from selfcest_env.protocol import Action
 
 logger = logging.getLogger(__name__)
@@ -89,49 +90,6 @@ class EpisodeSpec:
     episode: int
     seed: int
     options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class EpisodeResult:
-    """The outcome of one episode, in the shape of a run folder's ``episodes.jsonl`` line."""
-
-    episode: int
-    task_id: str
-    seed: int
-    correct: bool
-    score: float
-    reward: float
-    end_reason: str
-    answer: str
-    meters: dict[str, Any]
-    trace: dict[str, Any] | None = None
-    error: str | None = None
-    grade_error: str | None = None
-
-    def to_record(self, with_trace: bool = False) -> dict[str, Any]:
-        """A JSON-ready dictionary (the trace only when asked for: it is large).
-
-        ``error`` (what ended an aborted episode) and ``grade_error`` (why grading scored 0)
-        appear only when set.
-        """
-        record: dict[str, Any] = {
-            "episode": self.episode,
-            "task_id": self.task_id,
-            "seed": self.seed,
-            "correct": self.correct,
-            "score": self.score,
-            "reward": self.reward,
-            "end_reason": self.end_reason,
-            "answer": self.answer,
-            "meters": dict(self.meters),
-        }
-        if self.error is not None:
-            record["error"] = self.error
-        if self.grade_error is not None:
-            record["grade_error"] = self.grade_error
-        if with_trace:
-            record["trace"] = self.trace
-        return record
 
 
 @dataclass

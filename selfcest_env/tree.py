@@ -1,11 +1,10 @@
-"""The tree of contexts of one episode and its export as a trace."""
+"""The tree of contexts of one episode, live; :mod:`selfcest_env.trace` freezes it as the trace."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
 
-Status = Literal["runnable", "waiting", "returned", "failed"]
+from selfcest_env.trace import ContextTrace, ContextUsage, Status, TurnTrace
 
 
 @dataclass
@@ -36,20 +35,20 @@ class TurnRecord:
     errors: list[str] = field(default_factory=list)
     repairs: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready copy."""
-        return {
-            "index": self.index,
-            "prompt_tokens": self.prompt_tokens,
-            "gen_tokens": self.gen_tokens,
-            "text": self.text,
-            "token_ids": None if self.token_ids is None else list(self.token_ids),
-            "logprobs": None if self.logprobs is None else list(self.logprobs),
-            "truncated": self.truncated,
-            "children": list(self.children),
-            "errors": list(self.errors),
-            "repairs": list(self.repairs),
-        }
+    def to_trace(self) -> TurnTrace:
+        """The turn as it stands, frozen for the trace."""
+        return TurnTrace(
+            index=self.index,
+            prompt_tokens=self.prompt_tokens,
+            gen_tokens=self.gen_tokens,
+            text=self.text,
+            token_ids=self.token_ids,
+            logprobs=self.logprobs,
+            truncated=self.truncated,
+            children=tuple(self.children),
+            errors=tuple(self.errors),
+            repairs=tuple(self.repairs),
+        )
 
 
 @dataclass
@@ -93,27 +92,27 @@ class Context:
             return self.failure or "failed"
         return self.answer or ""
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready copy for the trace."""
-        return {
-            "id": self.id,
-            "parent": self.parent,
-            "depth": self.depth,
-            "label": self.label,
-            "objective": self.objective,
-            "may_spawn": self.may_spawn,
-            "status": self.status,
-            "messages": [dict(m) for m in self.messages],
-            "turns": [t.to_dict() for t in self.turns],
-            "usage": {
-                "gen_tokens": self.gen_tokens,
-                "prompt_tokens": sum(t.prompt_tokens for t in self.turns),
-                "critical_path_tokens": self.critical_path_tokens,
-                "peak_context_tokens": self.peak_length,
-                "turns": len(self.turns),
-            },
-            "answer": self.answer,
-            "marked": self.marked,
-            "failure": self.failure,
-            "reward": self.reward,
-        }
+    def to_trace(self) -> ContextTrace:
+        """The context as it stands, frozen for the trace."""
+        return ContextTrace(
+            id=self.id,
+            parent=self.parent,
+            depth=self.depth,
+            label=self.label,
+            objective=self.objective,
+            may_spawn=self.may_spawn,
+            status=self.status,
+            messages=tuple(dict(message) for message in self.messages),
+            turns=tuple(turn.to_trace() for turn in self.turns),
+            usage=ContextUsage(
+                gen_tokens=self.gen_tokens,
+                prompt_tokens=sum(turn.prompt_tokens for turn in self.turns),
+                critical_path_tokens=self.critical_path_tokens,
+                peak_context_tokens=self.peak_length,
+                turns=len(self.turns),
+            ),
+            answer=self.answer,
+            marked=self.marked,
+            failure=self.failure,
+            reward=self.reward,
+        )

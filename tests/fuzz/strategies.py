@@ -1,7 +1,7 @@
 """Hypothesis strategies for hostile model output: what a policy under RL may write.
 
-Shared by the property tests of the text protocol (``test_fuzz_protocol.py``) and of the
-environment (``test_fuzz_env.py``). The settings profiles live here too: ``ci`` (the default,
+Shared by the property tests of the text protocol (``tests/fuzz/test_protocol.py``) and of the
+environment (``tests/fuzz/test_env.py``). The settings profiles live here too: ``ci`` (the default,
 derandomized so that CI is reproducible) and ``deep`` (ten times the examples, random seeds),
 picked with ``SELFCEST_FUZZ=deep``.
 """

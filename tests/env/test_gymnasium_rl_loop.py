@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "gymnasium_rl_loop.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gymnasium_rl_loop.py"
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from selfcest_env.protocol import (
     parse_turn,
     to_turn_input,
 )
-from tests.fuzz_strategies import (
+from tests.fuzz.strategies import (
     fuzz_settings,
     megabyte_turn,
     nasty_text,

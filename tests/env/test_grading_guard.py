@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from selfcest_env import EnvConfig, Return, SelfCestEnv
-from selfcest_env.results import RunFolder, RunSpec
+from selfcest_env.harness.runspec import RunSpec
+from selfcest_env.harness.store import RunFolder
 from selfcest_env.rollout import episode_specs, run_episodes
 from selfcest_env.safe_grading import grade_safely
 from selfcest_env.tasks.base import Grade, TaskInstance

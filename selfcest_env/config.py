@@ -1,0 +1,83 @@
+"""How an environment is configured: :class:`EnvConfig`, and ``gym.make`` keywords routed to it.
+
+``gym.make("SelfCest-Math-v0", max_depth=2, split="dev", preset="easy")`` sets a limit, a config
+field and a task-source parameter in one call: :func:`split_env_kwargs` routes each keyword by
+name to :class:`EnvConfig`, its :class:`~selfcest_env.budget.Limits`, or the task source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
+
+from selfcest_env.budget import Limits
+from selfcest_env.prompts import PromptConfig
+from selfcest_env.reward import RewardConfig
+from selfcest_env.tasks.base import check_split
+
+RootView = Literal["keys", "full"]
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Everything that shapes an episode besides the task source.
+
+    Attributes:
+        limits: Token and count limits (:class:`~selfcest_env.budget.Limits`).
+        reward: Reward constants; ``None`` picks the reference rule for the task's domain.
+        prompts: Prompt wording and answer truncation.
+        split: Task split episodes are drawn from (``train``, ``dev`` or ``test``).
+        root_view: QA only: ``"keys"`` shows the root the paragraph titles, ``"full"`` the
+            paragraphs themselves.
+        reveal_answer: Put the gold answer into the final ``info`` (off, so that agents cannot
+            read labels by accident).
+        max_prompt_chars: Upper bound of the prompt text space.
+        grade_timeout_s: Seconds the task's grader may take before the answer scores 0 with the
+            reason in ``info["grade_error"]`` (``None``: no limit); see
+            :mod:`selfcest_env.safe_grading`. Generous by default: the math grader's first call
+            starts a worker process.
+    """
+
+    limits: Limits = field(default_factory=Limits)
+    reward: RewardConfig | None = None
+    prompts: PromptConfig = field(default_factory=PromptConfig)
+    split: str = "test"
+    root_view: RootView = "keys"
+    reveal_answer: bool = False
+    max_prompt_chars: int = 1 << 26
+    grade_timeout_s: float | None = 300.0
+
+    def __post_init__(self) -> None:
+        check_split(self.split)
+        if self.root_view not in ("keys", "full"):
+            raise ValueError(f"root_view must be 'keys' or 'full', got {self.root_view!r}")
+        timeout = self.grade_timeout_s
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+        ):
+            raise ValueError(f"grade_timeout_s must be a positive number or None, got {timeout!r}")
+
+
+_CONFIG_FIELDS = {f.name for f in fields(EnvConfig)}
+_LIMIT_FIELDS = {f.name for f in fields(Limits)}
+
+
+def split_env_kwargs(
+    kwargs: Mapping[str, Any], config: EnvConfig | None = None
+) -> tuple[EnvConfig, dict[str, Any]]:
+    """Route keyword arguments to :class:`EnvConfig`, :class:`Limits` or the task source.
+
+    ``gym.make("SelfCest-Math-v0", max_depth=2, split="dev", preset="easy")`` sets a limit,
+    a config field and a source argument in one call.
+    """
+    config = config or EnvConfig()
+    config_updates = {k: v for k, v in kwargs.items() if k in _CONFIG_FIELDS}
+    limit_updates = {k: v for k, v in kwargs.items() if k in _LIMIT_FIELDS}
+    source_kwargs = {
+        k: v for k, v in kwargs.items() if k not in _CONFIG_FIELDS and k not in _LIMIT_FIELDS
+    }
+    if limit_updates:
+        base = config_updates.get("limits", config.limits)
+        config_updates["limits"] = replace(base, **limit_updates)
+    return replace(config, **config_updates), source_kwargs
