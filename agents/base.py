@@ -19,9 +19,9 @@ from __future__ import annotations
 import abc
 import hashlib
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from selfcest_env.agents.backends.base import Backend, GenerationRequest, GenerationResult
 from selfcest_env.protocol import Action, Turn
@@ -50,10 +50,88 @@ class SamplingConfig:
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class OptionRange:
+    """The values a numeric agent option may take: an ``int`` or a number (``kind``) of at
+    least ``low`` and at most ``high`` (``None``: unbounded)."""
+
+    kind: type
+    low: float
+    high: float | None = None
+
+    def check(self, agent: str, option: str, value: Any) -> None:
+        """Raise ``ValueError`` naming the agent, the option, the value and what it must be
+        when ``value`` is out of range or of the wrong type."""
+        kind, low, high = self.kind, self.low, self.high
+        numeric = isinstance(value, int) if kind is int else isinstance(value, (int, float))
+        if (
+            isinstance(value, bool)
+            or not numeric
+            or value < low
+            or (high is not None and value > high)
+        ):
+            what = "an int" if kind is int else "a number"
+            bounds = f">= {low:g}" if high is None else f"in (0, {high:g}]"
+            raise ValueError(
+                f"agent {agent!r}: option {option} must be {what} {bounds}, got {value!r}"
+            )
+
+
+#: The options of every model agent (the fields of :class:`SamplingConfig`) and their ranges.
+SAMPLING_OPTIONS: Mapping[str, OptionRange] = {
+    "temperature": OptionRange(float, 0.0),
+    "top_p": OptionRange(float, 1e-9, 1.0),
+    "max_new_tokens": OptionRange(int, 1),
+    "seed": OptionRange(int, 0),
+}
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    """What the registry knows about an agent; every registered agent class declares its own
+    as the class attribute ``info``.
+
+    Attributes:
+        needs_backend: Whether the agent's turns are written by a model backend.
+        options: The keyword options :func:`~selfcest_env.agents.registry.make_agent` accepts,
+            each with its :class:`OptionRange` (``None``: the agent checks the value itself).
+        defaults: Option defaults that differ from the agent class's own defaults.
+        description: One line for ``--help`` texts.
+        name: The registered name (filled in by the registry).
+    """
+
+    needs_backend: bool
+    options: Mapping[str, OptionRange | None] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""
+    name: str = ""
+
+
+def split_sampling(options: Mapping[str, Any]) -> tuple[SamplingConfig, dict[str, Any]]:
+    """``(SamplingConfig of the sampling options, the other options)``."""
+    sampling = {key: value for key, value in options.items() if key in SAMPLING_OPTIONS}
+    others = {key: value for key, value in options.items() if key not in SAMPLING_OPTIONS}
+    return SamplingConfig(**sampling), others
+
+
 class Agent(abc.ABC):
-    """A policy over SelfCest environments, with a stable ``name`` used in result files."""
+    """A policy over SelfCest environments, with a stable ``name`` used in result files.
+
+    A registered agent class also declares its :class:`AgentInfo` as ``info``.
+    """
 
     name: str = "agent"
+    info: ClassVar[AgentInfo]
+
+    @classmethod
+    def from_options(cls, backend: Backend | None, **options: Any) -> Agent:
+        """The agent built from registry options (checked, defaults merged): a model agent as
+        ``cls(backend, sampling=SamplingConfig(<sampling options>), **<the others>)``, a
+        model-free one as ``cls(**options)``. Agents with another constructor override it."""
+        if not cls.info.needs_backend:
+            return cls(**options)
+        sampling, others = split_sampling(options)
+        return cls(backend, sampling=sampling, **others)  # type: ignore[call-arg]
 
     def env_overrides(self) -> dict[str, Any]:
         """Env settings this agent needs (for example ``max_depth=0``); empty by default."""

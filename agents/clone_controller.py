@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from selfcest_env.agents.backends.base import Backend
-from selfcest_env.agents.base import ModelAgent, SamplingConfig
+from selfcest_env.agents.base import (
+    SAMPLING_OPTIONS,
+    AgentInfo,
+    ModelAgent,
+    OptionRange,
+    SamplingConfig,
+)
 
 
 class CloneControllerAgent(ModelAgent):
@@ -22,6 +28,12 @@ class CloneControllerAgent(ModelAgent):
     """
 
     name = "clone-controller"
+    info = AgentInfo(
+        needs_backend=True,
+        options={**SAMPLING_OPTIONS, "max_depth": OptionRange(int, 0)},
+        defaults={"temperature": 0.0},
+        description="the model decides when to spawn clones (greedy)",
+    )
 
     def __init__(
         self, backend: Backend, sampling: SamplingConfig | None = None, max_depth: int = 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from selfcest_env.agents.base import ModelAgent
+from selfcest_env.agents.base import SAMPLING_OPTIONS, AgentInfo, ModelAgent
 
 
 class MonolithicAgent(ModelAgent):
@@ -14,6 +14,12 @@ class MonolithicAgent(ModelAgent):
     """
 
     name = "monolithic"
+    info = AgentInfo(
+        needs_backend=True,
+        options=SAMPLING_OPTIONS,
+        defaults={"temperature": 0.0},
+        description="one context, never spawns (greedy)",
+    )
 
     def env_overrides(self) -> dict[str, Any]:
         """No spawning; QA roots see the full context."""

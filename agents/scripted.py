@@ -19,9 +19,9 @@ import ast
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from selfcest_env.agents.base import Agent
+from selfcest_env.agents.base import Agent, AgentInfo, OptionRange
 from selfcest_env.protocol import Action, Return, Spawn
 from selfcest_env.rollout import ContextView
 
@@ -119,6 +119,10 @@ class ScriptedMonolithic(ScriptedAgent):
     """Answer every arithmetic prompt in one turn; never spawn."""
 
     name: str = "scripted-monolithic"
+    info: ClassVar[AgentInfo] = AgentInfo(
+        needs_backend=False,
+        description="exact arithmetic in one turn, no model (tests, reference)",
+    )
 
     def act(self, observation: Mapping[str, Any], info: Mapping[str, Any]) -> Action:
         """``Return`` the exact value of the context's expression."""
@@ -156,6 +160,11 @@ class ScriptedDelegator(ScriptedAgent):
     parts: int = 3
     shared_context: tuple[str, ...] = ()
     name: str = "scripted-delegate"
+    info: ClassVar[AgentInfo] = AgentInfo(
+        needs_backend=False,
+        options={"parts": OptionRange(int, 1)},
+        description="exact arithmetic split over clones, no model (tests, reference)",
+    )
 
     def act(self, observation: Mapping[str, Any], info: Mapping[str, Any]) -> Action:
         """Spawn on a fresh context that may spawn; sum the returned lines afterwards."""

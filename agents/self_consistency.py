@@ -9,7 +9,10 @@ from typing import Any
 from selfcest_env.agents.backends.base import Backend
 from selfcest_env.agents.base import (
     PROGRAM_TURN,
+    SAMPLING_OPTIONS,
     Agent,
+    AgentInfo,
+    OptionRange,
     SamplingConfig,
     clone_answers,
     generate_turns,
@@ -61,6 +64,12 @@ class SelfConsistencyAgent(Agent):
     """
 
     name = "self-consistency"
+    info = AgentInfo(
+        needs_backend=True,
+        options={**SAMPLING_OPTIONS, "k": OptionRange(int, 1)},
+        defaults={"temperature": DEFAULT_TEMPERATURE, "k": 4},
+        description="k sampled clones on the whole task, majority vote (k=4)",
+    )
 
     def __init__(self, backend: Backend, k: int = 4, sampling: SamplingConfig | None = None):
         if k < 1:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from selfcest_env.agents.backends.base import Backend
-from selfcest_env.agents.base import SamplingConfig
+from selfcest_env.agents.backends.default_model import DEFAULT_MODEL_NAME, load_default_model
+from selfcest_env.agents.base import AgentInfo, SamplingConfig
 from selfcest_env.agents.clone_controller import CloneControllerAgent
 from selfcest_env.protocol import Action
 from selfcest_env.rollout import ContextView
@@ -49,8 +50,6 @@ def load_adapted_model(adapter: Path, device: str | None = "auto") -> tuple[Any,
     into its weights (inference then costs what the base model costs)."""
     from peft import PeftModel
 
-    from selfcest_env.agents.backends.transformers_backend import load_default_model
-
     base, tokenizer = load_default_model(device=device, dtype="float32")
     merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
     merged.eval()
@@ -70,6 +69,13 @@ class TrainedCloneControllerAgent(CloneControllerAgent):
     """
 
     name = "clone-controller-trained"
+    info = AgentInfo(
+        needs_backend=True,
+        options={**CloneControllerAgent.info.options, "adapter": None},
+        defaults={"temperature": 0.0},
+        description="the clone controller with the bundled GRPO-trained LoRA adapter "
+        "(default model)",
+    )
 
     def __init__(
         self,
@@ -78,8 +84,6 @@ class TrainedCloneControllerAgent(CloneControllerAgent):
         max_depth: int = 1,
         adapter: str | None = None,
     ) -> None:
-        from selfcest_env.agents.backends.transformers_backend import DEFAULT_MODEL_NAME
-
         if backend.name != "transformers" or backend.model_name != DEFAULT_MODEL_NAME:
             raise ValueError(
                 f"{self.name} applies its adapter to {DEFAULT_MODEL_NAME}: run it with the "

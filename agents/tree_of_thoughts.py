@@ -10,10 +10,14 @@ from typing import Any
 from selfcest_env.agents.backends.base import Backend
 from selfcest_env.agents.base import (
     PROGRAM_TURN,
+    SAMPLING_OPTIONS,
     Agent,
+    AgentInfo,
+    OptionRange,
     SamplingConfig,
     clone_answers,
     generate_turns,
+    split_sampling,
 )
 from selfcest_env.prompts import PromptConfig
 from selfcest_env.protocol import Action, Return, Spawn
@@ -85,6 +89,17 @@ class TreeOfThoughtsAgent(Agent):
     """
 
     name = "tree-of-thoughts"
+    info = AgentInfo(
+        needs_backend=True,
+        options={
+            **SAMPLING_OPTIONS,
+            "breadth": OptionRange(int, 1),
+            "samples": OptionRange(int, 1),
+            "steps": OptionRange(int, 1),
+        },
+        defaults={"temperature": 0.7, "breadth": 2, "samples": 2, "steps": 1},
+        description="breadth-first propose/value search (breadth 2, samples 2, steps 1)",
+    )
 
     def __init__(
         self,
@@ -96,6 +111,13 @@ class TreeOfThoughtsAgent(Agent):
         self.config = config or TreeOfThoughtsConfig()
         self.sampling = sampling or SamplingConfig()
         self._searches: dict[int, _Search] = {}
+
+    @classmethod
+    def from_options(cls, backend: Backend | None, **options: Any) -> TreeOfThoughtsAgent:
+        """Sampling options as for every model agent; ``breadth``, ``samples`` and ``steps``
+        make the :class:`TreeOfThoughtsConfig`."""
+        sampling, shape = split_sampling(options)
+        return cls(backend, TreeOfThoughtsConfig(**shape), sampling)  # type: ignore[arg-type]
 
     def env_overrides(self) -> dict[str, Any]:
         """Enough clones per call and root turns for the search; room to read every clone."""

@@ -72,7 +72,7 @@ def llama_server() -> Iterator[str]:
     """A llama-cpp-python server on a free loopback port serving the default GGUF file."""
     import httpx
 
-    from selfcest_env.agents.backends.transformers_backend import default_gguf_path
+    from selfcest_env.agents.backends.default_model import default_gguf_path
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

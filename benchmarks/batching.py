@@ -16,10 +16,9 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
+from functools import partial
 
-import gymnasium as gym
-
-import selfcest_env  # noqa: F401  (registers the ids)
+from selfcest_env import make_env
 from selfcest_env.agents.backends.base import Backend, MeteredBackend
 from selfcest_env.agents.backends.transformers_backend import TransformersBackend
 from selfcest_env.agents.base import SamplingConfig
@@ -47,12 +46,10 @@ def run(backend: Backend, clones: int, max_new_tokens: int, one_at_a_time: bool)
     sampling = SamplingConfig(temperature=0.7, max_new_tokens=max_new_tokens, seed=1)
     agent = SelfConsistencyAgent(timed, k=clones, sampling=sampling)
 
-    def make_env():
-        kwargs = {"preset": "tiny", "tokenizer": backend.tokenizer, **agent.env_overrides()}
-        return gym.make("SelfCest-Math-v0", **kwargs).unwrapped
-
+    kwargs = {"preset": "tiny", "tokenizer": backend.tokenizer, **agent.env_overrides()}
+    factory = partial(make_env, "SelfCest-Math-v0", **kwargs)
     wall, cpu = time.perf_counter(), time.process_time()
-    list(run_episodes(make_env, agent, episode_specs([0]), progress=False))
+    list(run_episodes(factory, agent, episode_specs([0]), progress=False))
     return Timing(time.perf_counter() - wall, time.process_time() - cpu, timed)
 
 

@@ -16,28 +16,15 @@ import logging
 import gymnasium as gym
 
 import selfcest_env  # noqa: F401  (registers the ids)
-from selfcest_env.agents.backends.transformers_backend import TransformersBackend
-from selfcest_env.agents.base import Agent, SamplingConfig
-from selfcest_env.agents.clone_controller import CloneControllerAgent
-from selfcest_env.agents.monolithic import MonolithicAgent
-from selfcest_env.agents.self_consistency import SelfConsistencyAgent
-from selfcest_env.agents.tree_of_thoughts import TreeOfThoughtsAgent, TreeOfThoughtsConfig
+from selfcest_env.agents.backends import make_backend
+from selfcest_env.agents.base import Agent
+from selfcest_env.agents.registry import make_agent
 from selfcest_env.rollout import episode_specs, run_episodes
 
 METERS = ("gen_tokens", "prompt_tokens", "critical_path_tokens", "peak_context_tokens", "clones")
-
-
-def bundled_agents(backend: TransformersBackend, max_new_tokens: int) -> list[Agent]:
-    """The four bundled agents with small, CPU-friendly settings."""
-    greedy = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens)
-    votes = SamplingConfig(temperature=0.3, max_new_tokens=max_new_tokens, seed=1)
-    search = SamplingConfig(temperature=0.7, max_new_tokens=max_new_tokens, seed=1)
-    return [
-        MonolithicAgent(backend, greedy),
-        CloneControllerAgent(backend, greedy),
-        SelfConsistencyAgent(backend, k=4, sampling=votes),
-        TreeOfThoughtsAgent(backend, TreeOfThoughtsConfig(breadth=2, samples=2, steps=1), search),
-    ]
+#: The agents compared, by registry name, each with its registered defaults (greedy monolithic
+#: and clone controller, self-consistency k=4 at temperature 0.3, Tree of Thoughts breadth 2).
+AGENTS = ("monolithic", "clone-controller", "self-consistency", "tree-of-thoughts")
 
 
 def main() -> None:
@@ -50,10 +37,11 @@ def main() -> None:
     parser.add_argument("--split", default="test")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    backend = TransformersBackend(batch_size=8)
+    backend = make_backend("transformers", batch_size=8)
     source_kwargs = {"preset": args.preset}
     print(f"{'agent':18} {'acc':>5} " + " ".join(f"{m:>21}" for m in METERS))
-    for agent in bundled_agents(backend, args.max_new_tokens):
+    for name in AGENTS:
+        agent = make_agent(name, backend, max_new_tokens=args.max_new_tokens, seed=1)
 
         def make_env(agent: Agent = agent):
             kwargs = {**source_kwargs, **agent.env_overrides(), "split": args.split}

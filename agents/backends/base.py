@@ -120,11 +120,14 @@ class Backend(abc.ABC):
 
     ``tokenizer`` is a Hugging Face tokenizer when one is available (pass it to
     ``selfcest_env.tokens.as_token_counter`` for exact ledger counts), else ``None``.
+    ``default_model`` is the ``model_name`` a backend built without a model reports, known
+    before it is built (run folders are named by it); ``None`` when a model must be given.
     """
 
     name: str = "base"
     model_name: str = ""
     tokenizer: Any = None
+    default_model: str | None = None
 
     @abc.abstractmethod
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:

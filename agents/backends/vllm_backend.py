@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import Backend, GenerationRequest, GenerationResult, chat_prompt_ids, finalize
+from .default_model import DEFAULT_MODEL_NAME, default_model_dir
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class VLLMConfig:
 class VLLMBackend(Backend):
     """Batched generation with vLLM's offline engine (see the module docstring)."""
 
+    default_model = DEFAULT_MODEL_NAME
+
     name = "vllm"
 
     def __init__(
@@ -79,11 +82,9 @@ class VLLMBackend(Backend):
         **engine_kwargs: Any,
     ) -> None:
         """Start an engine for ``model`` (``None``: the default SmolLM2, converted to
-        safetensors once by the transformers backend's cache)."""
+        safetensors once into the cache of :mod:`.default_model`)."""
         vllm = import_vllm()
         if model is None:
-            from .transformers_backend import DEFAULT_MODEL_NAME, default_model_dir
-
             path = str(default_model_dir())
             self.model_name = DEFAULT_MODEL_NAME
         else:

@@ -1,17 +1,17 @@
-"""The training configuration: dataclasses, loading from YAML/JSON, recipes, validation.
+"""The training configuration: dataclasses, recipes, overrides, validation.
 
 A config file is a mapping of sections (``model``, ``env``, ``rollout``, ``optim``, ``loss``,
 ``credit``, ``imitation``, ``eval``) plus a few top-level keys (``out``, ``seed``, ...). Every key
 is optional; :func:`describe_config` lists them all with their defaults and meaning (it is the
-``selfcest train --help`` text). Unknown keys and values of the wrong type are errors that name
-the key. Recipes are config files shipped in the package (``recipes/<name>.yaml``).
+``selfcest train --help`` text). Files are read and checked by the project's one typed loader
+(:mod:`selfcest_env.configfile`): unknown keys and values of the wrong type are errors
+(:class:`~selfcest_env.configfile.ConfigError`) that name the key. Recipes are config files
+shipped in the package (``recipes/<name>.yaml``).
 """
 
 from __future__ import annotations
 
 import json
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from importlib import resources
@@ -19,12 +19,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from selfcest_env.agents.training.credit import CreditConfig
+from selfcest_env.configfile import ConfigError, from_mapping, read_config_file
 
 Aggregation = Literal["token-mean", "sequence-mean"]
-
-
-class ConfigError(ValueError):
-    """A bad training configuration; the message names the key and what is expected."""
 
 
 def _help(text: str, **kwargs: Any) -> Any:
@@ -231,101 +228,13 @@ class TrainConfig:
         return json.loads(json.dumps(asdict(self)))
 
 
-# ------------------------------------------------------------------------------ loading
-
-
-def _type_name(kind: Any) -> str:
-    return getattr(kind, "__name__", str(kind).replace("typing.", ""))
-
-
-def _coerce(value: Any, kind: Any, key: str) -> Any:
-    """``value`` checked against the annotation ``kind`` (lists become tuples)."""
-    origin = typing.get_origin(kind)
-    args = typing.get_args(kind)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for option in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(value, option, key)
-            except ConfigError as error:
-                errors.append(str(error))
-        raise ConfigError(errors[0])
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{key} must be one of {', '.join(map(str, args))}; got {value!r}")
-        return value
-    if origin is tuple:
-        if isinstance(value, str) or not isinstance(value, Sequence):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
-        return tuple(_coerce(item, args[0], f"{key}[]") for item in value)
-    if origin is not None and issubclass(origin, Mapping):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{key} must be a mapping, got {value!r}")
-        return dict(value)
-    if is_dataclass(kind):
-        return _from_mapping(kind, value, key)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if kind in (int, float, str, bool) and (
-        not isinstance(value, kind) or (kind is int and isinstance(value, bool))
-    ):
-        raise ConfigError(f"{key} must be {_type_name(kind)}, got {value!r}")
-    return value
-
-
-def _from_mapping(cls: type, data: Any, where: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where or 'the config'} must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in fields(cls)]
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        place = f"in {where}" if where else "at the top level"
-        raise ConfigError(f"unknown key {unknown[0]!r} {place}; valid keys: {', '.join(names)}")
-    values = {
-        name: _coerce(data[name], hints[name], f"{where}.{name}" if where else name)
-        for name in names
-        if name in data
-    }
-    try:
-        return cls(**values)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as error:
-        raise ConfigError(f"{where or 'config'}: {error}") from error
-
-
 def config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
     """A :class:`TrainConfig` from a mapping of sections.
 
     Raises:
         ConfigError: an unknown key, a value of the wrong type, or an invalid setting.
     """
-    return _from_mapping(TrainConfig, data, "")
-
-
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The mapping in a YAML (``.yaml``/``.yml``) or JSON file.
-
-    Raises:
-        ConfigError: the file is missing or cannot be parsed.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    text = path.read_text()
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception as error:  # yaml and json raise their own error types
-        raise ConfigError(f"cannot parse {path}: {error}".splitlines()[0]) from error
-    return data or {}
+    return from_mapping(TrainConfig, data)
 
 
 def recipe_names() -> tuple[str, ...]:
@@ -383,9 +292,9 @@ def load_config(
         raise ConfigError("pass a config file or a recipe, not both")
     data: dict[str, Any] = {}
     if recipe is not None:
-        data = read_config_file(recipe_path(recipe))
+        data = read_config_file(recipe_path(recipe)) or {}
     elif config is not None:
-        data = read_config_file(config)
+        data = read_config_file(config) or {}
     return config_from_dict(apply_overrides(data, overrides))
 
 

@@ -30,22 +30,34 @@ rewards are all equal gives every root advantage 0. The rules differ in what clo
     rollout are pushed down (their reward is below their peers').
 
 The advantage is per sample (one context, or one turn) and is applied to every trainable token
-of it.
+of it. A rule is a function ``(samples, config, root_rewards, groups) -> advantages`` (see
+:data:`CreditRule`) registered by name: the bundled ones in :data:`CREDIT_RULES`, others
+through the entry-point group ``selfcest.credit_rules`` (see :mod:`selfcest_env.plugins`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from selfcest_env.agents.training.samples import Sample
+from selfcest_env.plugins import Registry
 
-CreditRule = Literal["reference", "shared", "difference"]
+#: The bundled rules: name -> ``"module:function"``, in the order the docs list them.
+CREDIT_RULES: dict[str, str] = {
+    "reference": "selfcest_env.agents.training.credit:reference_rule",
+    "shared": "selfcest_env.agents.training.credit:shared_rule",
+    "difference": "selfcest_env.agents.training.credit:difference_rule",
+}
 
-#: The selectable rules, in the order the docs list them.
-CREDIT_RULES: tuple[str, ...] = ("reference", "shared", "difference")
+REGISTRY = Registry(
+    kind="credit rule",
+    group="selfcest.credit_rules",
+    table=CREDIT_RULES,
+    expected="a function (samples, config, root_rewards, groups) -> advantages",
+    accepts=callable,
+)
 
 
 @dataclass(frozen=True)
@@ -53,22 +65,19 @@ class CreditConfig:
     """How advantages are computed (see the module docstring).
 
     Attributes:
-        rule: ``reference``, ``shared`` or ``difference``.
+        rule: A credit rule name (:func:`credit_rule_names`: reference, shared, difference).
         ratio_clip: Bound of the clone-to-root reward ratio of the reference rule.
         normalize_std: Divide by the group's standard deviation.
         eps: Added to standard deviations; the smallest magnitude of a ratio's denominator.
     """
 
-    rule: CreditRule = "reference"
+    rule: str = "reference"
     ratio_clip: float = 1.5
     normalize_std: bool = True
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        if self.rule not in CREDIT_RULES:
-            raise ValueError(
-                f"credit rule must be one of {', '.join(CREDIT_RULES)}; got {self.rule!r}"
-            )
+        credit_rule(self.rule)
         if self.ratio_clip <= 0 or self.eps <= 0:
             raise ValueError("ratio_clip and eps must be positive")
 
@@ -110,7 +119,13 @@ def _signed_denominator(value: float, eps: float) -> float:
     return magnitude if value >= 0 else -magnitude
 
 
-def _difference_advantages(samples: Sequence[Sample], config: CreditConfig) -> list[float]:
+def difference_rule(
+    samples: Sequence[Sample],
+    config: CreditConfig,
+    root_rewards: Mapping[int, float],
+    groups: Mapping[int, int],
+) -> list[float]:
+    """The ``difference`` rule: each context against its peers (module docstring)."""
     # One reward per context, even when the per-turn form gives a context several samples.
     contexts: dict[tuple[int, int], Sample] = {}
     for sample in samples:
@@ -131,13 +146,64 @@ def _difference_advantages(samples: Sequence[Sample], config: CreditConfig) -> l
     return advantages
 
 
+def shared_rule(
+    samples: Sequence[Sample],
+    config: CreditConfig,
+    root_rewards: Mapping[int, float],
+    groups: Mapping[int, int],
+) -> list[float]:
+    """The ``shared`` rule: every context gets its root's advantage."""
+    roots = root_advantages(root_rewards, groups, config)
+    return [roots[sample.episode] for sample in samples]
+
+
+def reference_rule(
+    samples: Sequence[Sample],
+    config: CreditConfig,
+    root_rewards: Mapping[int, float],
+    groups: Mapping[int, int],
+) -> list[float]:
+    """The ``reference`` (SELFCEST) rule: a clone gets its root's advantage scaled by its
+    clipped reward ratio."""
+    roots = root_advantages(root_rewards, groups, config)
+    advantages = []
+    for sample in samples:
+        advantage = roots[sample.episode]
+        if not sample.is_root:
+            ratio = sample.reward / _signed_denominator(sample.root_reward, config.eps)
+            advantage *= min(config.ratio_clip, max(-config.ratio_clip, ratio))
+        advantages.append(advantage)
+    return advantages
+
+
+#: A credit rule: ``(samples, config, root_rewards, groups) -> one advantage per sample``, with
+#: ``root_rewards`` and ``groups`` covering every rollout of the batch.
+CreditRule = Callable[
+    [Sequence[Sample], CreditConfig, Mapping[int, float], Mapping[int, int]], list[float]
+]
+
+
+def credit_rule_names() -> tuple[str, ...]:
+    """Every credit rule name: the bundled ones, then the plug-ins' (nothing is imported)."""
+    return REGISTRY.names()
+
+
+def credit_rule(name: str) -> CreditRule:
+    """The rule called ``name``.
+
+    Raises:
+        RegistryError: an unknown name (the message lists the valid ones) or a broken entry.
+    """
+    return REGISTRY.load(name)[1]
+
+
 def assign_advantages(
     samples: Sequence[Sample],
     config: CreditConfig | None = None,
     root_rewards: Mapping[int, float] | None = None,
     groups: Mapping[int, int] | None = None,
 ) -> list[float]:
-    """One advantage per sample, in order (see the module docstring for the rules).
+    """One advantage per sample, in order, by the rule ``config.rule`` (module docstring).
 
     Args:
         samples: The batch's samples (any mix of rollouts, groups and contexts).
@@ -145,10 +211,11 @@ def assign_advantages(
         root_rewards: ``{episode: root reward}`` of every rollout in the batch; by default
             taken from the samples (pass it when some rollout has no trainable sample).
         groups: ``{episode: group}`` for those rollouts; by default from the samples.
+
+    Raises:
+        ValueError: a rollout of ``root_rewards`` without a group.
     """
     config = config or CreditConfig()
-    if config.rule == "difference":
-        return _difference_advantages(samples, config)
     rewards = dict(root_rewards or {})
     owners = dict(groups or {})
     for sample in samples:
@@ -157,12 +224,4 @@ def assign_advantages(
     missing = sorted(set(rewards) - set(owners))
     if missing:
         raise ValueError(f"no group for episodes {missing[:5]}: pass groups for every rollout")
-    roots = root_advantages(rewards, owners, config)
-    advantages = []
-    for sample in samples:
-        advantage = roots[sample.episode]
-        if config.rule == "reference" and not sample.is_root:
-            ratio = sample.reward / _signed_denominator(sample.root_reward, config.eps)
-            advantage *= min(config.ratio_clip, max(-config.ratio_clip, ratio))
-        advantages.append(advantage)
-    return advantages
+    return credit_rule(config.rule)(samples, config, rewards, owners)

@@ -27,7 +27,9 @@ from selfcest_env.agents.scripted import ScriptedAgent, ScriptedDelegator, Scrip
 from selfcest_env.agents.training.config import ImitationSection
 from selfcest_env.agents.training.grpo import collate, loss_denominator, nll_loss, token_logprobs
 from selfcest_env.agents.training.samples import Sample, trace_samples
-from selfcest_env.rollout import EpisodeResult, episode_specs, run_episodes
+from selfcest_env.episodes import EpisodeResult
+from selfcest_env.rollout import episode_specs, run_episodes
+from selfcest_env.trace import EpisodeTrace, as_episode_trace
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ def scripted_traces(
     parts: int,
     seed: int = 0,
     step_by_step_share: float = 0.0,
-) -> list[dict[str, Any]]:
+) -> list[EpisodeTrace]:
     """Traces of ``episodes`` training episodes (instances ``0 .. episodes - 1``): the first
     ``round(step_by_step_share * episodes)`` played by ``ScriptedStepByStep``, the others by
     ``ScriptedDelegator(parts)``.
@@ -75,10 +77,12 @@ def scripted_traces(
             len(delegated),
             ", ".join(sorted({result.end_reason for result in wrong})),
         )
-    return [r.trace for r in solved_alone + delegated if r.trace is not None]
+    return [as_episode_trace(r.trace) for r in solved_alone + delegated if r.trace is not None]
 
 
-def imitation_samples(traces: Sequence[dict[str, Any]], tokenizer: Any) -> list[Sample]:
+def imitation_samples(
+    traces: Sequence[EpisodeTrace | dict[str, Any]], tokenizer: Any
+) -> list[Sample]:
     """Teacher-forced per-context samples of ``traces``."""
     return [
         sample

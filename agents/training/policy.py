@@ -154,7 +154,7 @@ class Policy:
 def load_base_model(section: ModelSection, tokenizer: Any | None, seed: int) -> tuple[Any, Any]:
     """``(model, tokenizer)`` before fine-tuning wrappers: scratch (needs ``tokenizer``), the
     default model, or a path / hub id."""
-    from selfcest_env.agents.backends.transformers_backend import load_model, resolve_device
+    from selfcest_env.agents.backends.default_model import load_model, resolve_device
 
     device = resolve_device(section.device)
     if section.name == "scratch":

@@ -1,9 +1,9 @@
 """Training samples from episode traces: token ids, loss masks, old logprobs, rewards and ids.
 
 An episode's trace (``info["trace"]`` at its end, or ``EpisodeResult.trace`` with
-``keep_traces=True``) holds every context's chat messages and, for model-written turns, the
-sampled token ids and their logprobs. :func:`trace_samples` turns it into :class:`Sample` rows in
-one of three forms.
+``keep_traces=True``, typed as :class:`~selfcest_env.trace.EpisodeTrace`) holds every context's
+chat messages and, for model-written turns, the sampled token ids and their logprobs.
+:func:`trace_samples` turns it into :class:`Sample` rows in one of three forms.
 
 **Per-context form** (``form="context"``, one sample per context with a trainable turn)::
 
@@ -57,6 +57,7 @@ from typing import Any, Literal
 from selfcest_env.agents.backends.base import chat_prompt_ids, render_chat_text
 from selfcest_env.prompts import spawn_clone_schema
 from selfcest_env.tokens import chat_token_ids, plain_token_ids
+from selfcest_env.trace import ContextTrace, EpisodeTrace, as_episode_trace
 
 SampleForm = Literal["context", "turn", "auto"]
 
@@ -125,7 +126,7 @@ class _Segment:
 
 
 def trace_samples(
-    trace: Mapping[str, Any],
+    trace: EpisodeTrace | dict[str, Any],
     tokenizer: Any,
     *,
     form: SampleForm = "context",
@@ -136,7 +137,8 @@ def trace_samples(
     """Training samples of one finished episode's trace (see the module docstring).
 
     Args:
-        trace: ``info["trace"]`` of a finished episode.
+        trace: A finished episode's trace: ``info["trace"]`` or its
+            :class:`~selfcest_env.trace.EpisodeTrace`.
         tokenizer: The policy's Hugging Face tokenizer (with a chat template).
         form: ``"context"`` (one sample per context), ``"turn"`` (one per trainable turn) or
             ``"auto"`` (per context where exact, else per turn).
@@ -146,27 +148,25 @@ def trace_samples(
 
     Raises:
         ValueError: unknown ``form``, an unfinished trace (a context without a reward), or a
-            context whose assistant messages do not match its turns.
+            malformed trace (:class:`~selfcest_env.trace.TraceError`).
     """
     if form not in SAMPLE_FORMS:
         raise ValueError(f"form must be one of {', '.join(SAMPLE_FORMS)}; got {form!r}")
-    contexts = trace["contexts"]
-    if not contexts:
-        return []
-    root_reward = _reward_of(contexts[0])
+    trace = as_episode_trace(trace)
+    root_reward = trace.root.final_reward()
     samples: list[Sample] = []
-    for context in contexts:
+    for context in trace.contexts:
         segments = _segments(context, tokenizer, teacher_forcing)
         if not any(segment.mask for segment in segments):
             continue
         common = {
             "episode": episode,
             "group": group,
-            "context_id": int(context["id"]),
-            "parent_id": NO_PARENT if context["parent"] is None else int(context["parent"]),
-            "root_id": int(contexts[0]["id"]),
-            "depth": int(context["depth"]),
-            "reward": _reward_of(context),
+            "context_id": context.id,
+            "parent_id": NO_PARENT if context.parent is None else context.parent,
+            "root_id": trace.root.id,
+            "depth": context.depth,
+            "reward": context.final_reward(),
             "root_reward": root_reward,
         }
         if form == "turn":
@@ -180,30 +180,14 @@ def trace_samples(
     return samples
 
 
-def _reward_of(context: Mapping[str, Any]) -> float:
-    reward = context.get("reward")
-    if reward is None:
-        raise ValueError(
-            f"context {context.get('id')} has no reward: pass the trace of a finished episode "
-            "(info['trace'] once terminated or truncated)"
-        )
-    return float(reward)
-
-
-def _segments(context: Mapping[str, Any], tokenizer: Any, teacher_forcing: bool) -> list[_Segment]:
+def _segments(context: ContextTrace, tokenizer: Any, teacher_forcing: bool) -> list[_Segment]:
     """Each turn's ids, trainability, logprobs, the prompt text it was generated after and its
-    content as the chat messages hold it."""
-    messages = context["messages"]
-    turns = context["turns"]
+    content as the chat messages hold it (a trace has one assistant message per turn)."""
+    messages = context.messages
     positions = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
-    if len(positions) != len(turns):
-        raise ValueError(
-            f"context {context['id']} has {len(turns)} turns but {len(positions)} assistant "
-            "messages; pass an unmodified trace"
-        )
-    tools = [spawn_clone_schema()] if context.get("may_spawn") else None
+    tools = [spawn_clone_schema()] if context.may_spawn else None
     segments = []
-    for position, turn in zip(positions, turns):
+    for position, turn in zip(positions, context.turns):
         prompt = {
             "prompt_ids": chat_prompt_ids(tokenizer, messages[:position], tools),
             "prompt_text": render_chat_text(tokenizer, messages[:position], tools),
@@ -211,9 +195,9 @@ def _segments(context: Mapping[str, Any], tokenizer: Any, teacher_forcing: bool)
             "messages": messages[:position],
             "tools": tools,
         }
-        token_ids = turn.get("token_ids")
+        token_ids = turn.token_ids
         if token_ids:
-            logprobs = turn.get("logprobs")
+            logprobs = turn.logprobs
             values = [math.nan] * len(token_ids) if logprobs is None else list(logprobs)
             segments.append(_Segment(list(token_ids), 1, values, **prompt))
         elif teacher_forcing and token_ids is None:

@@ -19,8 +19,10 @@ a prompt (which renders messages only) equal to what the model reads.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
+
+from selfcest_env.trace import EpisodeTrace, as_episode_trace
 
 END_OF_TURN = "<|im_end|>"
 START_OF_TURN = "<|im_start|>"
@@ -62,14 +64,15 @@ def _empty_backend() -> Any:
     return backend
 
 
-def render_conversations(traces: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Every context of every trace rendered with :data:`CHATML_TEMPLATE` (no generation
-    prompt): the text a tokenizer for these episodes should compress."""
+def render_conversations(traces: Iterable[EpisodeTrace | dict[str, Any]]) -> list[str]:
+    """Every context of every trace (typed or ``info["trace"]``) rendered with
+    :data:`CHATML_TEMPLATE` (no generation prompt): the text a tokenizer for these episodes
+    should compress."""
     renderer = _wrap(_empty_backend())
     return [
-        renderer.apply_chat_template(context["messages"], tokenize=False)
+        renderer.apply_chat_template(list(context.messages), tokenize=False)
         for trace in traces
-        for context in trace["contexts"]
+        for context in as_episode_trace(trace).contexts
     ]
 
 

@@ -9,48 +9,58 @@ One step:
 2. every trace becomes samples (:mod:`~selfcest_env.agents.training.samples`), every sample an
    advantage (:mod:`~selfcest_env.agents.training.credit`);
 3. ``optim.updates_per_step`` optimiser steps over them, each accumulating gradients over
-   micro-batches of the GRPO loss (:mod:`~selfcest_env.agents.training.grpo`); root and clone
-   samples share every update.
+   micro-batches of the GRPO loss (:mod:`~selfcest_env.agents.training.update`); root and
+   clone samples share every update.
 
 The run folder (``out``) holds ``config.json``, ``train_log.csv`` (one row per step: reward,
 accuracy, every ledger meter's mean, loss terms, timings), ``eval_log.csv`` (one row per
 evaluation and split: accuracy, reward, meters; phases ``init``, ``imitation``, ``grpo``),
 ``tokenizer/`` (scratch models), ``checkpoints/step-NNNNNN/`` (trainable weights, optimiser,
 state) and ``final/`` (the LoRA adapter or the whole model, with the tokenizer). Rerunning with
-the same config resumes from the last checkpoint (logs are cut back to it); ``optim.steps`` may
-be raised to extend a finished run.
+the same config resumes from the last checkpoint (logs are cut back to it,
+:mod:`~selfcest_env.agents.training.checkpoints`); ``optim.steps`` may be raised to extend a
+finished run.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
-import math
-import os
-import random
-import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
+from selfcest_env.agents.backends.default_model import default_cpu_threads, resolve_device
 from selfcest_env.agents.base import SamplingConfig
 from selfcest_env.agents.clone_controller import CloneControllerAgent
-from selfcest_env.agents.training.config import ConfigError, TrainConfig, resumable_with
+from selfcest_env.agents.training.checkpoints import (
+    CsvLog,
+    checkpoint_folders,
+    freeze_start_as_reference,
+    load_checkpoint,
+    save_checkpoint,
+)
+from selfcest_env.agents.training.config import (
+    ConfigError,
+    TrainConfig,
+    config_from_dict,
+    resumable_with,
+)
 from selfcest_env.agents.training.credit import assign_advantages
-from selfcest_env.agents.training.grpo import collate, grpo_loss, loss_denominator, token_logprobs
 from selfcest_env.agents.training.imitation import imitate, imitation_samples, scripted_traces
 from selfcest_env.agents.training.policy import Policy, load_base_model, make_policy
 from selfcest_env.agents.training.samples import Sample, trace_samples
 from selfcest_env.agents.training.tokenizer import render_conversations, train_chat_tokenizer
+from selfcest_env.agents.training.update import grpo_update, trained_pairs
 from selfcest_env.budget import METER_NAMES
+from selfcest_env.episodes import ANSWERED, EpisodeResult, compute_stats
 from selfcest_env.prompts import PromptConfig
-from selfcest_env.rollout import EpisodeResult, EpisodeSpec, run_episodes
+from selfcest_env.rollout import EpisodeSpec, run_episodes
 
 logger = logging.getLogger(__name__)
 
@@ -94,75 +104,18 @@ METER_COLUMNS: tuple[str, ...] = tuple(f"{name}_mean" for name in METER_NAMES)
 
 
 def episode_summary(results: Sequence[EpisodeResult]) -> dict[str, float]:
-    """Mean reward, accuracy, share answered and every meter's mean over ``results``."""
-    n = max(1, len(results))
+    """Mean reward, accuracy, share answered and every meter's mean over ``results``, from
+    :func:`~selfcest_env.episodes.compute_stats` (0 where there are no episodes)."""
+    stats = compute_stats(result.to_record() for result in results)
     summary = {
-        "episodes": float(len(results)),
-        "reward_mean": sum(r.reward for r in results) / n,
-        "accuracy": sum(r.correct for r in results) / n,
-        "answered": sum(r.end_reason == "answered" for r in results) / n,
+        "episodes": float(stats["n"]),
+        "reward_mean": stats["mean_reward"] or 0.0,
+        "accuracy": stats["accuracy"] or 0.0,
+        "answered": stats["end_reasons"].get(ANSWERED, 0) / max(1, stats["n"]),
     }
     for name in METER_NAMES:
-        summary[f"{name}_mean"] = sum(r.meters[name] for r in results) / n
+        summary[f"{name}_mean"] = stats["meters"][name]["mean"] or 0.0
     return summary
-
-
-class CsvLog:
-    """An append-only CSV file with a fixed header, flushed per row, cut back on resume."""
-
-    def __init__(self, path: Path, columns: Sequence[str]) -> None:
-        self.path = path
-        self.columns = list(columns)
-
-    def rows(self) -> list[dict[str, str]]:
-        """Every row written so far."""
-        if not self.path.exists():
-            return []
-        with self.path.open(newline="") as handle:
-            return list(csv.DictReader(handle))
-
-    def append(self, row: dict[str, Any]) -> None:
-        """Write one row (missing columns stay empty)."""
-        new = not self.path.exists()
-        with self.path.open("a", newline="") as handle:
-            writer = csv.DictWriter(handle, self.columns, extrasaction="ignore")
-            if new:
-                writer.writeheader()
-            writer.writerow({k: _cell(v) for k, v in row.items()})
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    def truncate_after(self, step: int) -> None:
-        """Drop rows of steps after ``step`` (work lost since the last checkpoint)."""
-        kept = [row for row in self.rows() if int(row["step"]) <= step]
-        with self.path.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, self.columns, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(kept)
-
-
-def _cell(value: Any) -> Any:
-    return f"{value:.6g}" if isinstance(value, float) else value
-
-
-@dataclass
-class StepStats:
-    """What one update did (summed over its micro-batches, then normalised)."""
-
-    pg_loss: float = 0.0
-    kl: float = 0.0
-    clipped_tokens: float = 0.0
-    tokens: float = 0.0
-    grad_norm: float = 0.0
-    sequence_tokens: int = 0
-    updates: int = 0
-
-    def add(self, stats: dict[str, float]) -> None:
-        """Accumulate one micro-batch's loss statistics."""
-        self.pg_loss += stats["pg_loss"]
-        self.kl += stats["kl"]
-        self.clipped_tokens += stats["clipped_tokens"]
-        self.tokens += stats["tokens"]
 
 
 @dataclass
@@ -192,8 +145,6 @@ class GRPOTrainer:
         saved_path = self.out / CONFIG_FILE
         self.out.mkdir(parents=True, exist_ok=True)
         if saved_path.exists():
-            from selfcest_env.agents.training.config import config_from_dict
-
             saved = config_from_dict(json.loads(saved_path.read_text()))
             if not resumable_with(saved, self.config):
                 raise ConfigError(
@@ -247,11 +198,6 @@ class GRPOTrainer:
         return tokenizer
 
     def _set_threads(self) -> None:
-        from selfcest_env.agents.backends.transformers_backend import (
-            default_cpu_threads,
-            resolve_device,
-        )
-
         if resolve_device(self.config.model.device) == "cpu":
             torch.set_num_threads(self.config.model.num_threads or default_cpu_threads())
 
@@ -268,54 +214,6 @@ class GRPOTrainer:
             weight_decay=self.config.optim.weight_decay,
         )
         return policy
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def _checkpoints(self) -> list[Path]:
-        folder = self.out / "checkpoints"
-        if not folder.exists():
-            return []
-        return sorted(p for p in folder.iterdir() if p.name.startswith("step-"))
-
-    def _save_checkpoint(self, step: int) -> None:
-        from safetensors.torch import save_file
-
-        assert self.policy is not None and self.optimizer is not None
-        folder = self.out / "checkpoints"
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".tmp-step-{step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        save_file(self.policy.trainable_state(), str(tmp / "weights.safetensors"))
-        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        (tmp / "state.json").write_text(json.dumps({"step": step}))
-        target = folder / f"step-{step:06d}"
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(tmp, target)
-        for old in self._checkpoints()[: -self.config.keep_checkpoints]:
-            if old.name != "step-000000":  # the start of GRPO is the full-FT reference
-                shutil.rmtree(old)
-
-    def _load_checkpoint(self, folder: Path) -> int:
-        from safetensors.torch import load_file
-
-        assert self.policy is not None and self.optimizer is not None
-        self.policy.load_trainable_state(load_file(str(folder / "weights.safetensors")))
-        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-        return int(json.loads((folder / "state.json").read_text())["step"])
-
-    def _load_reference(self) -> None:
-        """Full fine-tuning: the reference is the start of GRPO (checkpoint ``step-000000``)."""
-        from safetensors.torch import load_file
-
-        assert self.policy is not None
-        if self.policy.lora:
-            return
-        current = self.policy.trainable_state()
-        start = self.out / "checkpoints" / "step-000000" / "weights.safetensors"
-        self.policy.load_trainable_state(load_file(str(start)))
-        self.policy.freeze_reference()
-        self.policy.load_trainable_state(current)
 
     # ------------------------------------------------------------------ evaluation
 
@@ -402,55 +300,6 @@ class GRPOTrainer:
         groups = {r.episode: r.episode // size for r in results}
         return samples, rewards, groups
 
-    def _update(
-        self, samples: Sequence[Sample], advantages: Sequence[float], step: int
-    ) -> StepStats:
-        assert self.policy is not None and self.optimizer is not None
-        config = self.config
-        pairs = list(zip(samples, advantages))
-        if config.optim.skip_zero_advantage:
-            pairs = [(s, a) for s, a in pairs if a != 0.0]
-        stats = StepStats()
-        if not pairs:
-            return stats
-        random.Random(config.seed * 7919 + step).shuffle(pairs)
-        chunks = [
-            pairs[i :: config.optim.updates_per_step] for i in range(config.optim.updates_per_step)
-        ]
-        model = self.policy.model
-        model.train()
-        temperature = config.rollout.temperature
-        pad_id = self.policy.tokenizer.pad_token_id or 0
-        for chunk in (c for c in chunks if c):
-            chunk.sort(key=lambda pair: len(pair[0].prompt_ids) + len(pair[0].response_ids))
-            denominator = loss_denominator([s for s, _ in chunk], config.loss.aggregation)
-            self.optimizer.zero_grad()
-            size = config.optim.micro_batch_size
-            for start in range(0, len(chunk), size):
-                micro = chunk[start : start + size]
-                batch = collate([s for s, _ in micro], [a for _, a in micro], pad_id)
-                batch = batch.to(self.policy.device)
-                stats.sequence_tokens += int(batch.attention_mask.sum())
-                reference = (
-                    self.policy.reference_logprobs(batch, temperature)
-                    if config.loss.kl_coef > 0
-                    else None
-                )
-                logprobs = token_logprobs(model, batch, temperature)
-                loss, micro_stats = grpo_loss(logprobs, batch, config.loss, denominator, reference)
-                loss.backward()
-                stats.add(micro_stats)
-            parameters = self.policy.trainable_parameters()
-            norm = torch.nn.utils.clip_grad_norm_(
-                parameters,
-                config.optim.max_grad_norm if config.optim.max_grad_norm > 0 else math.inf,
-            )
-            stats.grad_norm += float(norm)
-            stats.updates += 1
-            self.optimizer.step()
-        model.eval()
-        return stats
-
     def train_step(self, step: int) -> dict[str, Any]:
         """Roll out, assign credit and update once; returns the step's log row."""
         config = self.config
@@ -464,21 +313,18 @@ class GRPOTrainer:
         generated = time.perf_counter()
         samples, rewards, groups = self._samples(results)
         advantages = assign_advantages(samples, config.credit, rewards, groups)
-        stats = self._update(samples, advantages, step)
+        pairs = trained_pairs(samples, advantages, config)
+        assert self.policy is not None and self.optimizer is not None
+        stats = grpo_update(self.policy, self.optimizer, pairs, config, step)
         learned = time.perf_counter()
-        trained = [a for a in advantages if not (config.optim.skip_zero_advantage and a == 0.0)]
         row = {
             "step": step,
             **episode_summary(results),
-            "samples": len(trained),
-            "root_samples": sum(
-                s.is_root
-                for s, a in zip(samples, advantages)
-                if not (config.optim.skip_zero_advantage and a == 0.0)
-            ),
+            "samples": len(pairs),
+            "root_samples": sum(sample.is_root for sample, _ in pairs),
             "trainable_tokens": stats.tokens,
             "sequence_tokens": stats.sequence_tokens,
-            "advantage_abs_mean": sum(abs(a) for a in trained) / max(1, len(trained)),
+            "advantage_abs_mean": sum(abs(a) for _, a in pairs) / max(1, len(pairs)),
             "pg_loss": stats.pg_loss,
             "kl": stats.kl / max(1, stats.updates),
             "clip_fraction": stats.clipped_tokens / max(1.0, stats.tokens),
@@ -520,6 +366,10 @@ class GRPOTrainer:
             self.evaluate("imitation", 0)
         self._save_checkpoint(0)
 
+    def _save_checkpoint(self, step: int) -> None:
+        assert self.policy is not None and self.optimizer is not None
+        save_checkpoint(self.out, step, self.policy, self.optimizer, self.config.keep_checkpoints)
+
     def run(self) -> TrainResult:
         """Train (or resume) to ``optim.steps`` steps, evaluate, export ``final/``."""
         config = self.config
@@ -527,9 +377,10 @@ class GRPOTrainer:
         self._set_threads()
         torch.manual_seed(config.seed)
         self.policy = self._build()
-        checkpoints = self._checkpoints()
+        checkpoints = checkpoint_folders(self.out)
         if checkpoints:
-            done = self._load_checkpoint(checkpoints[-1])
+            assert self.optimizer is not None
+            done = load_checkpoint(checkpoints[-1], self.policy, self.optimizer)
             logger.info("resuming %s from step %d", self.out, done)
         else:
             self.eval_log.truncate_after(-1)
@@ -538,7 +389,7 @@ class GRPOTrainer:
             done = 0
         self.train_log.truncate_after(done)
         self.eval_log.truncate_after(done)
-        self._load_reference()
+        freeze_start_as_reference(self.out, self.policy)
         bar = tqdm(
             total=config.optim.steps,
             initial=done,
@@ -569,8 +420,3 @@ class GRPOTrainer:
 def train(config: TrainConfig) -> TrainResult:
     """Run :class:`GRPOTrainer` on ``config`` (the ``selfcest train`` entry point)."""
     return GRPOTrainer(config).run()
-
-
-def with_out(config: TrainConfig, out: str | None) -> TrainConfig:
-    """``config`` with its run folder replaced when ``out`` is given."""
-    return config if out is None else replace(config, out=out)

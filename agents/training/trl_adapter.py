@@ -62,8 +62,10 @@ from selfcest_env.agents.clone_controller import CloneControllerAgent
 from selfcest_env.agents.training.samples import Sample, trace_samples
 from selfcest_env.budget import METER_NAMES
 from selfcest_env.env import ABORT_REASONS
+from selfcest_env.episodes import EpisodeResult
 from selfcest_env.prompts import spawn_clone_schema
-from selfcest_env.rollout import EpisodeResult, EpisodeSpec, run_episodes
+from selfcest_env.rollout import EpisodeSpec, run_episodes
+from selfcest_env.trace import ContextTrace, EpisodeTrace, as_episode_trace
 
 #: The per-row fields :meth:`TRLRollouts.__call__` returns besides TRL's required ones.
 EXTRA_FIELDS: tuple[str, ...] = (
@@ -235,10 +237,11 @@ class TRLRollouts:
         }
         for result, task in zip(results, tasks):
             assert result.trace is not None
+            trace = as_episode_trace(result.trace)
             aborted = result.end_reason in ABORT_REASONS
-            root = None if aborted else self._root_sample(result.trace, result.episode, task)
+            root = None if aborted else self._root_sample(trace, result.episode, task)
             if root is None:  # nothing to train on: one masked end-of-turn token
-                rows["prompt_ids"].append(self._first_prompt_ids(result.trace["contexts"][0]))
+                rows["prompt_ids"].append(self._first_prompt_ids(trace.root))
                 rows["completion_ids"].append([self.tokenizer.eos_token_id])
                 rows["logprobs"].append([0.0])
                 rows["env_mask"].append([0])
@@ -253,17 +256,17 @@ class TRLRollouts:
             rows["env_meters"].append({name: result.meters[name] for name in METER_NAMES})
         return rows
 
-    def _root_sample(self, trace: Mapping[str, Any], episode: int, task: int) -> Sample | None:
+    def _root_sample(self, trace: EpisodeTrace, episode: int, task: int) -> Sample | None:
         samples = trace_samples(trace, self.tokenizer, episode=episode, group=task)
         return next((sample for sample in samples if sample.is_root), None)
 
-    def _first_prompt_ids(self, context: Mapping[str, Any]) -> list[int]:
-        messages = context["messages"]
+    def _first_prompt_ids(self, context: ContextTrace) -> list[int]:
+        messages = context.messages
         first_turn = next(
             (i for i, message in enumerate(messages) if message["role"] == "assistant"),
             len(messages),
         )
-        tools = [spawn_clone_schema()] if context.get("may_spawn") else None
+        tools = [spawn_clone_schema()] if context.may_spawn else None
         return chat_prompt_ids(self.tokenizer, messages[:first_turn], tools)
 
     def selfcest_reward(

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +67,7 @@ import torch
 from selfcest_env.agents.training.credit import CreditConfig, assign_advantages
 from selfcest_env.agents.training.samples import Sample, SampleForm, trace_samples
 from selfcest_env.env import ABORT_REASONS
+from selfcest_env.trace import EpisodeTrace, as_episode_trace
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def group_uid(task_id: str, depth: int) -> str:
 
 
 def agent_loop_records(
-    traces: Sequence[Mapping[str, Any]],
+    traces: Sequence[EpisodeTrace | dict[str, Any]],
     tokenizer: Any,
     *,
     form: SampleForm = "context",
@@ -124,43 +125,41 @@ def agent_loop_records(
 ) -> list[AgentLoopRecord]:
     """verl rows of finished episodes: one per context (``form="context"``) or per model turn.
 
-    Episode ``i`` is ``traces[i]``; rollouts of the same task (equal ``trace["task_id"]``) form
+    Episode ``i`` is ``traces[i]``; rollouts of the same task (equal ``trace.task_id``) form
     one group, for ``uid`` and for the credit rule's advantages. Episodes the driver aborted
     because the backend failed (``end_reason`` in ``ABORT_REASONS``) are left out, as the env
     asks of trainers.
 
     Args:
-        traces: ``info["trace"]`` of finished episodes (or ``EpisodeResult.trace``).
+        traces: Traces of finished episodes: ``info["trace"]`` (or ``EpisodeResult.trace``) or
+            their :class:`~selfcest_env.trace.EpisodeTrace`.
         tokenizer: The policy's tokenizer, the one the turns were sampled with.
         form: ``"context"`` or ``"turn"`` (see :mod:`~selfcest_env.agents.training.samples`).
         credit: The rule of ``extra_fields["advantage"]`` (default: the reference rule).
+
+    Raises:
+        ValueError: a malformed trace (:class:`~selfcest_env.trace.TraceError`) or an unfinished
+            one (a context without a reward).
     """
+    typed = [as_episode_trace(trace) for trace in traces]
     groups: dict[str, int] = {}
     samples: list[Sample] = []
-    task_ids: list[str] = []
     root_rewards: dict[int, float] = {}
     group_of: dict[int, int] = {}
-    for episode, trace in enumerate(traces):
-        if trace["end_reason"] in ABORT_REASONS:
-            logger.warning("episode %d left out: aborted (%s)", episode, trace["end_reason"])
+    for episode, trace in enumerate(typed):
+        if trace.end_reason in ABORT_REASONS:
+            logger.warning("episode %d left out: aborted (%s)", episode, trace.end_reason)
             continue
-        task_id = str(trace["task_id"])
-        group = groups.setdefault(task_id, len(groups))
-        episode_samples = trace_samples(trace, tokenizer, form=form, episode=episode, group=group)
-        samples.extend(episode_samples)
-        task_ids.extend([task_id] * len(episode_samples))
-        root_rewards[episode] = float(trace["contexts"][0]["reward"])
+        group = groups.setdefault(trace.task_id, len(groups))
+        samples += trace_samples(trace, tokenizer, form=form, episode=episode, group=group)
+        root_rewards[episode] = trace.root.final_reward()
         group_of[episode] = group
     advantages = assign_advantages(samples, credit, root_rewards, group_of)
     records = []
-    contexts = {
-        (episode, context["id"]): context
-        for episode, trace in enumerate(traces)
-        for context in trace["contexts"]
-    }
-    for sample, task_id, advantage in zip(samples, task_ids, advantages):
-        context = contexts[(sample.episode, sample.context_id)]
-        turns = sample.turn if sample.turn is not None else len(context["turns"])
+    for sample, advantage in zip(samples, advantages):
+        trace = typed[sample.episode]
+        context = trace.contexts[sample.context_id]
+        turns = sample.turn if sample.turn is not None else len(context.turns)
         logprobs = list(sample.old_logprobs)
         records.append(
             AgentLoopRecord(
@@ -172,8 +171,8 @@ def agent_loop_records(
                 # The first user message, each turn, and a tool message between two turns.
                 num_turns=2 * turns,
                 extra_fields={
-                    "uid": group_uid(task_id, sample.depth),
-                    "task_id": task_id,
+                    "uid": group_uid(trace.task_id, sample.depth),
+                    "task_id": trace.task_id,
                     "episode": sample.episode,
                     "group": sample.group,
                     "context_id": sample.context_id,

@@ -77,9 +77,9 @@ def test_monolithic_solving_overflows_the_window_and_delegation_fits(run):
         step_by_step_share=1.0,
     )
     for trace in solved_alone:
-        assert trace["meters"]["truncated_turns"] == 1 and trace["reward"] == 0
-        assert trace["meters"]["peak_context_tokens"] == window
+        assert trace.meters["truncated_turns"] == 1 and trace.reward == 0
+        assert trace.meters["peak_context_tokens"] == window
     # Delegating (the scripted delegator): every context fits and every answer is right.
     traces = scripted_traces(test_split_env(), 50, config.imitation.parts)
-    assert all(trace["end_reason"] == "answered" for trace in traces)
-    assert max(trace["meters"]["peak_context_tokens"] for trace in traces) < window
+    assert all(trace.end_reason == "answered" for trace in traces)
+    assert max(trace.meters["peak_context_tokens"] for trace in traces) < window

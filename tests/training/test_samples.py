@@ -9,12 +9,14 @@ import gymnasium as gym
 import pytest
 
 from selfcest_env.agents.backends.base import Backend
-from selfcest_env.agents.backends.transformers_backend import default_model_dir
+from selfcest_env.agents.backends.default_model import default_model_dir
 from selfcest_env.agents.base import SamplingConfig, generate_turns
 from selfcest_env.agents.scripted import ScriptedDelegator
-from selfcest_env.agents.training.samples import NO_PARENT, trace_samples
+from selfcest_env.agents.training.samples import NO_PARENT, SAMPLE_FORMS, trace_samples
+from selfcest_env.budget import METER_NAMES
 from selfcest_env.protocol import Spawn, Turn
 from selfcest_env.rollout import episode_specs, run_episodes
+from selfcest_env.trace import EpisodeTrace, TraceError
 
 SPAWN_TEXT = Spawn(["Calculate the value of 3 * 4."]).to_text()
 
@@ -55,30 +57,61 @@ def hand_made_trace(tokenizer, first_turn_ends_with_eos=True):
         {"role": "assistant", "content": "3 * 4 = 12\nAnswer: 12"},
     ]
 
-    def turn(ids, first_logprob):
-        return {"token_ids": ids, "logprobs": [first_logprob - i for i in range(len(ids))]}
+    def turn(index, text, ids, first_logprob, children=()):
+        return {
+            "index": index,
+            "prompt_tokens": 0,
+            "gen_tokens": len(ids),
+            "text": text,
+            "token_ids": ids,
+            "logprobs": [first_logprob - i for i in range(len(ids))],
+            "truncated": False,
+            "children": list(children),
+            "errors": [],
+            "repairs": [],
+        }
 
+    def context(id, parent, messages, turns, reward):
+        return {
+            "id": id,
+            "parent": parent,
+            "depth": 0 if parent is None else 1,
+            "label": "root" if parent is None else "turn1_clone1",
+            "objective": "Calculate the value of 3 * 4.",
+            "may_spawn": parent is None,
+            "status": "returned",
+            "messages": messages,
+            "turns": turns,
+            "usage": {
+                "gen_tokens": sum(t["gen_tokens"] for t in turns),
+                "prompt_tokens": 0,
+                "critical_path_tokens": 0,
+                "peak_context_tokens": 0,
+                "turns": len(turns),
+            },
+            "answer": "12",
+            "marked": True,
+            "failure": None,
+            "reward": reward,
+        }
+
+    root_turns = [
+        turn(1, SPAWN_TEXT, turn1, -0.5, children=[1]),
+        turn(2, "Answer: 12", turn2, -0.25),
+    ]
+    clone_turns = [turn(1, clone_messages[-1]["content"], clone, -0.125)]
     return {
+        "task_id": "hand-made",
+        "source": "arithmetic",
+        "split": "train",
+        "end_reason": "answered",
+        "error": None,
+        "reward": 1.0,
+        "meters": dict.fromkeys(METER_NAMES, 0),
         "contexts": [
-            {
-                "id": 0,
-                "parent": None,
-                "depth": 0,
-                "may_spawn": True,
-                "messages": root_messages,
-                "turns": [turn(turn1, -0.5), turn(turn2, -0.25)],
-                "reward": 1.0,
-            },
-            {
-                "id": 1,
-                "parent": 0,
-                "depth": 1,
-                "may_spawn": False,
-                "messages": clone_messages,
-                "turns": [turn(clone, -0.125)],
-                "reward": 0.4,
-            },
-        ]
+            context(0, None, root_messages, root_turns, 1.0),
+            context(1, 0, clone_messages, clone_turns, 0.4),
+        ],
     }, (turn1, turn2, clone)
 
 
@@ -177,8 +210,8 @@ def test_auto_form_falls_back_to_turns_where_a_context_does_not_re_render(tokeni
 def test_program_turns_are_not_trainable(tokenizer):
     trace, (turn1, turn2, _) = hand_made_trace(tokenizer)
     root, clone = trace["contexts"]
-    root["turns"][0] = {"token_ids": [], "logprobs": []}  # the root's spawn written by a program
-    clone["turns"][0] = {"token_ids": [], "logprobs": []}
+    root["turns"][0].update(token_ids=[], logprobs=[])  # the root's spawn written by a program
+    clone["turns"][0].update(token_ids=[], logprobs=[])
     (sample,) = trace_samples(trace, tokenizer)
     assert sample.context_id == 0  # the clone has nothing to train on
     program = encode(tokenizer, SPAWN_TEXT)
@@ -200,6 +233,17 @@ def test_bad_traces_and_arguments_are_reported(tokenizer):
     trace["contexts"][1]["reward"] = 0.4
     trace["contexts"][0]["turns"].pop()
     with pytest.raises(ValueError, match="2 assistant"):
+        trace_samples(trace, tokenizer)
+
+
+def test_typed_and_plain_traces_give_the_same_samples(tokenizer):
+    trace, _ = hand_made_trace(tokenizer)
+    typed = EpisodeTrace.from_dict(trace)
+    for form in SAMPLE_FORMS:
+        plain = trace_samples(trace, tokenizer, form=form, teacher_forcing=True)
+        assert trace_samples(typed, tokenizer, form=form, teacher_forcing=True) == plain
+    trace["contexts"][1]["turns"][0]["token_ids"] = [1, "2"]
+    with pytest.raises(TraceError, match=r"^trace context 1: turns\[0\]\.token_ids must be a list"):
         trace_samples(trace, tokenizer)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from selfcest_env.agents.backends.transformers_backend import default_model_dir
+from selfcest_env.agents.backends.default_model import default_model_dir
 from selfcest_env.agents.scripted import ScriptedDelegator
 from selfcest_env.agents.training.credit import CreditConfig
 from selfcest_env.agents.training.verl_export import (
@@ -25,7 +25,8 @@ from selfcest_env.agents.training.verl_export import (
 from selfcest_env.prompts import spawn_clone_schema
 from selfcest_env.protocol import Return, Turn
 from selfcest_env.rollout import ActionFailure, EpisodeSpec, run_episodes
-from tests.test_training_samples import mask_runs
+from selfcest_env.trace import EpisodeTrace
+from tests.training.test_samples import mask_runs
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +115,13 @@ def test_records_hold_every_context_with_its_reward_and_turns(tokenizer, traces)
         assert record.num_turns == sum(m["role"] != "system" for m in context["messages"])
         task_id = traces[episode]["task_id"]
         assert extra["uid"] == (task_id if context["depth"] == 0 else f"{task_id}/depth1")
+
+
+def test_typed_traces_give_the_same_records(tokenizer, traces):
+    typed = [EpisodeTrace.from_dict(trace) for trace in traces]
+    for form in ("context", "turn"):
+        plain = agent_loop_records(traces, tokenizer, form=form)
+        assert agent_loop_records(typed, tokenizer, form=form) == plain
 
 
 def test_rewards_and_reference_advantages_have_known_values(tokenizer, traces):

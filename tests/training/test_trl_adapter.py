@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("trl")
 
 from selfcest_env import RewardConfig  # noqa: E402
-from selfcest_env.agents.backends.transformers_backend import default_model_dir  # noqa: E402
+from selfcest_env.agents.backends.default_model import default_model_dir  # noqa: E402
 from selfcest_env.agents.training.samples import trace_samples  # noqa: E402
 from selfcest_env.agents.training.trl_adapter import (  # noqa: E402
     EXTRA_FIELDS,
@@ -26,7 +26,7 @@ from selfcest_env.budget import METER_NAMES  # noqa: E402
 from selfcest_env.protocol import Turn  # noqa: E402
 from selfcest_env.reward import CostPenalty  # noqa: E402
 from selfcest_env.rollout import ActionFailure, EpisodeSpec, run_episodes  # noqa: E402
-from tests.test_verl_export import TokenizedDelegator  # noqa: E402
+from tests.training.test_verl_export import TokenizedDelegator  # noqa: E402
 
 #: Every generated root token costs a little, so rollouts of one task differ in reward.
 LENGTH_COST = RewardConfig(root_penalty=CostPenalty(threshold=0, ramp=64, maximum=0.3))
@@ -99,7 +99,7 @@ def test_grpo_trainer_runs_steps_on_env_rewards_and_moves_the_weights(tokenizer,
     from peft import LoraConfig
     from trl import GRPOConfig
 
-    from selfcest_env.agents.backends.transformers_backend import load_default_model
+    from selfcest_env.agents.backends.default_model import load_default_model
 
     torch.set_num_threads(1)
     model, _ = load_default_model(device="cpu", dtype="float32")

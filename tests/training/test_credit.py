@@ -128,5 +128,5 @@ def test_rollouts_without_samples_still_shape_the_baseline():
 def test_unnormalized_advantages_and_bad_configs():
     samples = [*tree(0, 0, 1.0, []), *tree(1, 0, 0.0, [])]
     assert assign_advantages(samples, CreditConfig(normalize_std=False)) == [0.5, -0.5]
-    with pytest.raises(ValueError, match="credit rule must be one of"):
+    with pytest.raises(ValueError, match="unknown credit rule 'coma'; valid names: reference"):
         CreditConfig("coma")

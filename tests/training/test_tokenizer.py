@@ -36,7 +36,7 @@ def tokenizer(corpus):
 
 def test_rendering_covers_every_context_and_role(corpus):
     texts = render_conversations(corpus)
-    assert len(texts) == sum(len(trace["contexts"]) for trace in corpus)
+    assert len(texts) == sum(len(trace.contexts) for trace in corpus)
     assert all(text.endswith(f"{END_OF_TURN}\n") for text in texts)
     for role in ("system", "user", "assistant", "tool"):
         assert any(f"<|im_start|>{role}\n" in text for text in texts)
@@ -56,7 +56,7 @@ def test_tokenizer_compresses_the_scaffolding_and_round_trips(tokenizer, corpus)
 
 
 def test_content_tokenizes_alike_alone_and_inside_a_conversation(tokenizer, corpus):
-    messages = corpus[0]["contexts"][0]["messages"]
+    messages = list(corpus[0].root.messages)
     rendered = tokenizer.apply_chat_template(messages, tokenize=False)
     ids = tokenizer.encode(rendered, add_special_tokens=False)
     for message in messages:
