@@ -30,20 +30,21 @@ from typing import Any
 
 import pytest
 
-from selfcest_env.cli import BackendConfig, Runner, RunRequest
-from selfcest_env.leaderboard import (
+from selfcest_env.harness.leaderboard import (
     LEADERBOARD_DTYPES,
     collect_rows,
     read_leaderboard_csv,
 )
+from selfcest_env.harness.requests import BackendConfig, RunRequest
+from selfcest_env.harness.runner import Runner
+from selfcest_env.harness.store import RunFolder, read_episodes, read_errors
 from selfcest_env.registration import MATH_ENV_ID
-from selfcest_env.results import RunFolder, read_episodes, read_errors
 from selfcest_env.text import printable
-from tests.cli_args import openai_run_args, scripted_run_args
-from tests.test_results import make_episode, make_spec
-from tests.test_run_integrity import cli, run_folders
+from tests.harness.cli_args import openai_run_args, scripted_run_args
+from tests.harness.test_run_integrity import cli, run_folders
+from tests.harness.test_store import make_episode, make_spec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 #: What a server may put into an error body to take over a terminal: clear the screen, set the
 #: clipboard (OSC 52), move the cursor back over the line, forge a line of its own, reverse the
@@ -233,7 +234,7 @@ def test_run_folders_made_before_keep_their_identity() -> None:
 def test_two_servers_behind_one_model_name_get_two_run_folders(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from tests.test_cli import run_cli
+    from tests.harness.test_cli import run_cli
 
     with serving(lambda n: (200, "Answer: 42")) as a, serving(lambda n: (200, "Answer: 7")) as b:
         assert run_cli(*openai_run(a, tmp_path)) == 0
@@ -292,12 +293,12 @@ def test_log_lines_are_one_line_escaped_and_without_the_key(
     """The formatter every log line of the CLI goes through (other libraries' too)."""
     import logging
 
-    from selfcest_env.cli import _LineFormatter
+    from selfcest_env.harness.cli.output import Terminal
 
     key = "sk-env-" + secrets.token_hex(8)
     monkeypatch.setenv("OPENAI_API_KEY", key)
     record = logging.LogRecord("httpx", logging.WARNING, __file__, 1, "%s", (HOSTILE + key,), None)
-    line = _LineFormatter("selfcest run").format(record)
+    line = Terminal("selfcest run").log_handler().format(record)
     assert line.startswith("selfcest run: warning: ") and "\n" not in line
     assert len(line.splitlines()) == 1 and key not in line and "<redacted>" in line
     safe_terminal_text(line, "run")

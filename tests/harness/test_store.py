@@ -16,24 +16,23 @@ from typing import Any
 
 import pytest
 
-from selfcest_env.results import (
+from selfcest_env.episodes import (
     COST_METERS,
     INT_METERS,
     METERS,
-    CorruptRunError,
-    DuplicateEpisodeError,
     EpisodeRecordError,
-    RunFolder,
-    RunFolderBusyError,
-    RunSpec,
-    RunSpecMismatchError,
     compute_stats,
-    git_revision,
-    load_run,
     quantile,
-    read_episodes,
     validate_episode,
 )
+from selfcest_env.harness.errors import (
+    CorruptRunError,
+    DuplicateEpisodeError,
+    RunFolderBusyError,
+    RunSpecMismatchError,
+)
+from selfcest_env.harness.runspec import RunSpec, git_revision
+from selfcest_env.harness.store import RunFolder, load_run, read_episodes
 
 
 def make_spec(**overrides: Any) -> RunSpec:
@@ -294,7 +293,9 @@ def test_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
 _WRITER = textwrap.dedent(
     """
     import json, sys
-    from selfcest_env.results import RunFolder, RunSpec, INT_METERS
+    from selfcest_env.harness.store import RunFolder
+    from selfcest_env.harness.runspec import RunSpec
+    from selfcest_env.episodes import INT_METERS
     spec = RunSpec.from_dict(json.loads(sys.argv[2]))
     n = int(sys.argv[3])
     pad = "x" * 20000  # long lines make a kill in the middle of a write likely

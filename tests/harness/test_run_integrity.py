@@ -26,19 +26,15 @@ from pathlib import Path
 
 import pytest
 
-from selfcest_env.leaderboard import collect_rows, read_leaderboard_csv, run_row
-from selfcest_env.results import (
-    CorruptRunError,
-    RunFolder,
-    UnsafePathError,
-    compute_stats,
-    read_episodes,
-)
-from tests.cli_args import scripted_run_args
-from tests.test_cli import run_cli
-from tests.test_results import make_episode, make_spec
+from selfcest_env.episodes import compute_stats
+from selfcest_env.harness.errors import CorruptRunError, UnsafePathError
+from selfcest_env.harness.leaderboard import collect_rows, read_leaderboard_csv, run_row
+from selfcest_env.harness.store import RunFolder, read_episodes
+from tests.harness.cli_args import scripted_run_args
+from tests.harness.test_cli import run_cli
+from tests.harness.test_store import make_episode, make_spec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 SUITE = """\
 name: integrity

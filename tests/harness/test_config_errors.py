@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from selfcest_env.leaderboard import read_leaderboard_csv
-from tests.test_cli import run_cli
+from selfcest_env.harness.leaderboard import read_leaderboard_csv
+from tests.harness.test_cli import run_cli
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPTED = ["run", "--agents", "scripted-monolithic"]
 
 
@@ -121,37 +121,57 @@ SUITE_CASES: dict[str, tuple[str, str, str]] = {
     "unknown top-level key": (
         "json",
         json.dumps({"runz": [VALID_RUN]}),
-        "valid keys: backend, backend_args, model, name, parallel, runs",
+        "unknown key 'runz' in suite; valid keys: name, runs, backend, model, backend_args",
     ),
     "unknown entry key": (
         "json",
         json.dumps({"runs": [{**VALID_RUN, "budget": 3}]}),
-        "valid keys: agent_options, agents, backend",
+        "unknown key 'budget' in suite.runs[0]; valid keys: env, agents, source, split",
     ),
     "episodes of the wrong type": (
         "json",
         json.dumps({"runs": [{**VALID_RUN, "episodes": "ten"}]}),
-        "runs[0].episodes: expected an int >= 1, got 'ten'",
+        "suite.runs[0].episodes must be int, got 'ten'",
     ),
     "agents of the wrong type": (
         "json",
         json.dumps({"runs": [{**VALID_RUN, "agents": 5}]}),
-        "'agents' must be a non-empty list of agent names",
+        "suite.runs[0].agents must be a list, got 5",
     ),
     "env_args of the wrong type": (
         "yaml",
         "runs:\n  - env: SelfCest-Math-v0\n    agents: [scripted-monolithic]\n    env_args: [1]\n",
-        "'env_args' must be a mapping",
+        "suite.runs[0].env_args must be a mapping, got [1]",
     ),
     "budget of the wrong type": (
         "json",
         json.dumps({"runs": [{**VALID_RUN, "max_new_tokens": ["lots"]}]}),
-        "budget 'lots' is not a positive int or null",
+        "suite.runs[0].max_new_tokens[0] must be int, got 'lots'",
     ),
     "parallel of the wrong type": (
         "json",
         json.dumps({"parallel": 0, "runs": [VALID_RUN]}),
         "parallel: expected an int >= 1, got 0",
+    ),
+    "no agents": (
+        "json",
+        json.dumps({"runs": [{**VALID_RUN, "agents": []}]}),
+        "suite.runs[0]: 'agents' must be a non-empty list of agent names",
+    ),
+    "zero episodes": (
+        "json",
+        json.dumps({"runs": [{**VALID_RUN, "episodes": 0}]}),
+        "suite.runs[0]: episodes: expected an int >= 1, got 0",
+    ),
+    "a budget below one": (
+        "json",
+        json.dumps({"runs": [{**VALID_RUN, "max_new_tokens": [0]}]}),
+        "budget 0 is not a positive int or null",
+    ),
+    "a boolean for an int": (
+        "json",
+        json.dumps({"runs": [{**VALID_RUN, "seed": True}]}),
+        "suite.runs[0].seed must be int, got True",
     ),
     "unknown agent": (
         "json",

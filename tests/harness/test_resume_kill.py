@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from selfcest_env.cli import main
-from selfcest_env.results import RunFolder, read_episodes, read_run_spec
+from selfcest_env.harness.cli import main
+from selfcest_env.harness.store import RunFolder, read_episodes, read_run_spec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EPISODES = 120
 KILLS = 6
 WALL_TIME_COLUMNS = ("wall_time_s_mean", "wall_time_s_p50", "wall_time_s_p95", "wall_time_s")
