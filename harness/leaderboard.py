@@ -411,6 +411,17 @@ def write_leaderboard_csv(
     return df
 
 
+def write_leaderboard(
+    out: str | Path,
+    runs: str | Path | Iterable[str | Path],
+    episodes: int | Mapping[Path, int] | None = None,
+) -> tuple[pd.DataFrame, list[SkippedRun]]:
+    """Rank the readable run folders of ``runs`` (see :func:`collect_rows`) and write their
+    leaderboard CSV to ``out``; the DataFrame written and the folders left out."""
+    rows, skipped = collect_rows(runs, episodes)
+    return write_leaderboard_csv(out, leaderboard_frame(rank_rows(rows))), skipped
+
+
 def read_leaderboard_csv(path: str | Path) -> pd.DataFrame:
     """Read a leaderboard CSV into a DataFrame with :data:`LEADERBOARD_DTYPES`.
 

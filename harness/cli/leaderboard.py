@@ -34,18 +34,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def command(args: argparse.Namespace, terminal: Terminal) -> int:
     """Write the CSV; 0, or 1 when a run folder could not be read (left out, with a warning)."""
-    from selfcest_env.harness.leaderboard import (
-        collect_rows,
-        leaderboard_frame,
-        rank_rows,
-        write_leaderboard_csv,
-    )
+    from selfcest_env.harness.leaderboard import write_leaderboard
 
     runs = Path(args.runs_dir)
     if not runs.is_dir():
         raise SettingsError(f"{runs} is not a folder")
     out = Path(args.out) if args.out else runs / "leaderboard.csv"
-    rows, skipped = collect_rows(runs, args.episodes)
-    df = write_leaderboard_csv(out, leaderboard_frame(rank_rows(rows)))
+    df, skipped = write_leaderboard(out, runs, args.episodes)
     terminal.report_leaderboard(df, out)
     return 1 if skipped else 0

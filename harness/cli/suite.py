@@ -87,12 +87,7 @@ def _inside(root: Path, path: Path) -> Path:
 
 def command(args: argparse.Namespace, terminal: Terminal) -> int:
     """Play the suite, then write its leaderboard and plots; 0, or 1 when a run failed."""
-    from selfcest_env.harness.leaderboard import (
-        collect_rows,
-        leaderboard_frame,
-        rank_rows,
-        write_leaderboard_csv,
-    )
+    from selfcest_env.harness.leaderboard import write_leaderboard
     from selfcest_env.harness.plots import plot_leaderboard
 
     try:
@@ -124,8 +119,7 @@ def command(args: argparse.Namespace, terminal: Terminal) -> int:
     if args.dry_run or done.stopped:
         return done.code
     requested = {o.path: o.requested for o in done.outcomes}
-    rows, skipped = collect_rows(list(requested), requested)
-    df = write_leaderboard_csv(board, leaderboard_frame(rank_rows(rows)))
+    df, skipped = write_leaderboard(board, list(requested), requested)
     terminal.report_leaderboard(df, board)
     terminal.report_paths(plot_leaderboard(df, plots), plots)
     return 1 if skipped else done.code
