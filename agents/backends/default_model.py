@@ -144,15 +144,19 @@ def resolve_dtype(dtype: Any, device: str) -> Any:
     return value
 
 
+def available_cpus() -> int:
+    """The number of CPUs this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def default_cpu_threads() -> int:
     """Half the CPUs this process may use, at least 1: with every core in use, decoding slows
     down several times over as soon as anything else runs on the machine. Pass
-    ``num_threads`` explicitly on a dedicated machine."""
-    try:
-        available = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        available = os.cpu_count() or 1
-    return max(1, available // 2)
+    ``num_threads`` explicitly (or ``"all"``) on a dedicated machine."""
+    return max(1, available_cpus() // 2)
 
 
 def load_model(

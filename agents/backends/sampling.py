@@ -48,38 +48,47 @@ def sample_tokens(
         index = torch.tensor(group, device=device)
         temperature = torch.tensor([temperatures[row] for row in group], device=device)
         scaled = logits[index] / temperature.unsqueeze(1)
-        order = None
+        uniform = torch.tensor([uniforms[row] for row in group], dtype=torch.float64).to(device)
         if group is nucleus:
             top_p = torch.tensor([top_ps[row] for row in group], device=device)
-            scaled, order = _nucleus(scaled, top_p)
-        uniform = torch.tensor([uniforms[row] for row in group], dtype=torch.float64)
-        choice, choice_logprobs = _inverse_transform(scaled, uniform.to(device))
-        chosen = choice if order is None else order.gather(1, choice[:, None]).squeeze(1)
-        if raw_logprobs:
-            choice_logprobs = _token_logprobs(logits[index], chosen)
-        tokens[index], logprobs[index] = chosen, choice_logprobs
+            parts = _nucleus(scaled, top_p)
+        else:
+            parts = [(torch.arange(len(group), device=device), scaled, None)]
+        for members, values, order in parts:
+            choice, choice_logprobs = _inverse_transform(values, uniform[members])
+            chosen = choice if order is None else order.gather(1, choice[:, None]).squeeze(1)
+            rows = index[members]
+            if raw_logprobs:
+                choice_logprobs = _token_logprobs(logits[rows], chosen)
+            tokens[rows], logprobs[rows] = chosen, choice_logprobs
     return tokens, logprobs
 
 
-def _nucleus(scaled: Any, top_p: Any) -> tuple[Any, Any]:
-    """The top-p nucleus of each row: ``(values, token ids)`` of the most likely tokens, most
-    likely first, values outside the nucleus set to ``-inf``. Only the top ``k`` tokens are
-    ranked, ``k`` growing until every row's nucleus closes inside them (a full sort of a 50k
-    vocabulary costs several milliseconds per row)."""
+def _nucleus(scaled: Any, top_p: Any) -> list[tuple[Any, Any, Any]]:
+    """The top-p nucleus of each row, as ``(rows, values, token ids)`` groups: the most likely
+    tokens, most likely first, values outside the nucleus set to ``-inf``. Only the top ``k``
+    tokens are ranked (a full sort of a 50k vocabulary costs several milliseconds per row),
+    ``k`` growing by steps until a row's nucleus closes inside them; a row's ``k`` depends on
+    the row alone, so its sample does not depend on the other rows."""
     import torch
 
     vocab = scaled.shape[-1]
     log_norm = torch.logsumexp(scaled, -1, keepdim=True)
+    rows = torch.arange(scaled.shape[0], device=scaled.device)
+    groups = []
     k = min(vocab, 64)
-    while True:
-        values, order = scaled.topk(k, -1)
-        probs = (values - log_norm).exp()
+    while rows.numel():
+        values, order = scaled[rows].topk(k, -1)
+        probs = (values - log_norm[rows]).exp()
         mass = probs.cumsum(-1)
         # the tokens past the k-th are outside once the top k hold top_p of the mass
-        if k == vocab or bool((mass[:, -1] >= top_p).all()):
-            break
+        closed = (mass[:, -1] >= top_p[rows]) | (k == vocab)
+        outside = (mass - probs) >= top_p[rows].unsqueeze(1)
+        values = values.masked_fill(outside, float("-inf"))
+        groups.append((rows[closed], values[closed], order[closed]))
+        rows = rows[~closed]
         k = min(vocab, k * 8)
-    return values.masked_fill((mass - probs) >= top_p.unsqueeze(1), float("-inf")), order
+    return groups
 
 
 def _inverse_transform(values: Any, uniform: Any) -> tuple[Any, Any]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -367,70 +366,6 @@ def test_batched_greedy_equals_one_at_a_time(backend) -> None:
         assert b.token_ids[:4] == s.token_ids[:4]
     agree = sum(b.token_ids == s.token_ids for b, s in zip(batched, single))
     assert agree >= len(requests) - 1
-
-
-@contextmanager
-def forward_widths(model):
-    """The batch width of every forward pass of ``model`` inside the ``with`` block."""
-    widths: list[int] = []
-    hook = model.register_forward_pre_hook(
-        lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[0]),
-        with_kwargs=True,
-    )
-    try:
-        yield widths
-    finally:
-        hook.remove()
-
-
-@pytest.mark.slow
-def test_compaction_gives_the_tokens_of_the_uncompacted_batch(backend) -> None:
-    """Rows that finish at different steps (token caps, end of sequence) are dropped from the
-    batch and its KV cache; the rows left generate what they generate without compaction."""
-    from selfcest_env.agents.backends.transformers_backend import TransformersBackend
-
-    requests = [
-        GenerationRequest(messages=chat(p), max_new_tokens=n, temperature=0)
-        for p, n in zip(PROMPTS, (24, 2, 5, 16, 24))
-    ]
-    requests.append(GenerationRequest(messages=chat("Tell me a story."), max_new_tokens=16, seed=3))
-    with forward_widths(backend.model) as compacted_widths:
-        compacted = backend.generate(requests)
-    with forward_widths(backend.model) as widths:
-        reference = TransformersBackend(
-            hf_model=backend.model, hf_tokenizer=backend.tokenizer, batch_size=8, compact=False
-        ).generate(requests)
-    lengths = [len(r.token_ids) for r in compacted]
-    assert lengths[1:4] == [2, 5, 16] and lengths[0] < 24  # rows end at different steps
-    for request, a, b in zip(requests, compacted, reference):
-        check_invariants(backend, request, a)
-        assert a.token_ids == b.token_ids
-        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
-    # each forward pass after the prompt carries only the rows still generating
-    live = [sum(n > step for n in lengths) for step in range(1, max(lengths))]
-    assert compacted_widths == [len(requests), *live]
-    assert set(widths) == {len(requests)}
-
-
-@pytest.mark.slow
-def test_identical_prompts_are_prefilled_once(backend) -> None:
-    """Sibling clones share their prompt: it goes through the model once and every sibling
-    generates what it generates alone."""
-    messages = chat("Tell me a story about a cat.")
-    requests = [
-        GenerationRequest(messages=messages, max_new_tokens=10, temperature=0),
-        GenerationRequest(messages=messages, max_new_tokens=10, seed=1),
-        GenerationRequest(messages=messages, max_new_tokens=10, seed=2, top_p=0.9),
-        GenerationRequest(messages=chat("Name a color."), max_new_tokens=10, seed=3),
-    ]
-    with forward_widths(backend.model) as widths:
-        batched = backend.generate(requests)
-    assert widths[0] == 2  # two distinct prompts for four rows
-    single = [backend.generate([r])[0] for r in requests]
-    for request, b, s in zip(requests, batched, single):
-        check_invariants(backend, request, b)
-        assert b.token_ids == s.token_ids and b.prompt_tokens == s.prompt_tokens
-    assert batched[1].token_ids != batched[2].token_ids  # siblings still sample apart
 
 
 @pytest.mark.slow

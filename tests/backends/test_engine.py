@@ -1,0 +1,323 @@
+"""The transformers backend's decode engine on a small random Llama (fast): the decoder against
+Hugging Face's forward pass, batch invariance by construction (attention, linear layers,
+prefix cache, chunked prefill, slots, order, sampling), int8 layers and LoRA adapters."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None,
+    reason="needs torch + transformers (pip install selfcest[hf])",
+)
+
+VOCAB = 320
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    """A random 2-layer Llama with grouped-query attention (4 query heads, 2 key-value heads)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).eval()
+    return model
+
+
+def prompts(count: int, seed: int = 0, shared: int = 40) -> list[list[int]]:
+    """``count`` prompts of 1 to 150 tokens, most starting with the same ``shared`` tokens."""
+    import random
+
+    rng = random.Random(seed)
+    prefix = [rng.randrange(3, VOCAB) for _ in range(shared)]
+    out = []
+    for number in range(count):
+        tail = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 110))]
+        out.append(tail if number % 4 == 3 else prefix + tail)
+    return out
+
+
+def make_engine(model, *, slots=8, prefill_tokens=4096, quantize=None, block=16, prefix=8):
+    from selfcest_env.agents.backends.decoder import Decoder
+    from selfcest_env.agents.backends.engine import Engine
+    from selfcest_env.agents.backends.prefix_cache import PrefixCache
+
+    return Engine(
+        Decoder(model, quantize),
+        PrefixCache(prefix, max_blocks=10_000),
+        slots=slots,
+        prefill_tokens=prefill_tokens,
+        block=block,
+        kv_cache_bytes=2**30,
+        eos_ids={2},
+        stopped=lambda job: False,
+        raw_logprobs=False,
+    )
+
+
+def jobs_for(prompt_list, cap=12, temperature=0.0, seeds=None, top_p=1.0):
+    import torch
+
+    from selfcest_env.agents.backends.engine import Job
+
+    return [
+        Job(
+            prompt=list(p),
+            cap=cap,
+            temperature=temperature,
+            top_p=top_p,
+            stop=(),
+            generator=torch.Generator().manual_seed(seeds[i] if seeds else i),
+        )
+        for i, p in enumerate(prompt_list)
+    ]
+
+
+def outputs(engine, prompt_list, **kwargs):
+    jobs = jobs_for(prompt_list, **kwargs)
+    engine.run(jobs)
+    return [(job.tokens, job.logprobs) for job in jobs]
+
+
+def test_decoder_logits_match_the_hugging_face_forward_pass(tiny_model) -> None:
+    import torch
+
+    engine = make_engine(tiny_model)
+    for prompt in prompts(6, seed=1):
+        (job,) = jobs_for([prompt], cap=6)
+        engine.run([job])
+        ids = torch.tensor([prompt + job.tokens])
+        with torch.no_grad():
+            logp = torch.log_softmax(tiny_model(input_ids=ids).logits[0], -1)
+        n = len(prompt)
+        for k, token in enumerate(job.tokens):
+            assert int(logp[n - 1 + k].argmax()) == token
+            assert logp[n - 1 + k, token].item() == pytest.approx(job.logprobs[k], abs=1e-4)
+
+
+def test_a_request_gives_the_same_bits_alone_and_in_any_batch(tiny_model) -> None:
+    """Greedy and seeded sampled rows: alone, in batches of 8 and 32, shuffled, mixed with
+    other requests, through few or many slots, with a warm or cold prefix cache and with
+    prefills split across steps."""
+    import random
+
+    group = prompts(32, seed=2)
+    for kwargs in ({"temperature": 0.0}, {"temperature": 0.9, "seeds": list(range(32))}):
+        alone = [outputs(make_engine(tiny_model, slots=1), [p], **_one(kwargs, i))[0]
+                 for i, p in enumerate(group)]  # fmt: skip
+        order = list(range(32))
+        random.Random(3).shuffle(order)
+        for slots, prefill_tokens in ((8, 4096), (32, 4096), (5, 37)):
+            engine = make_engine(tiny_model, slots=slots, prefill_tokens=prefill_tokens)
+            shuffled = [group[i] for i in order]
+            seeds = [kwargs["seeds"][i] for i in order] if "seeds" in kwargs else None
+            got = outputs(engine, shuffled, **{**kwargs, "seeds": seeds})
+            assert [got[order.index(i)] for i in range(32)] == alone
+            again = outputs(engine, shuffled, **{**kwargs, "seeds": seeds})  # warm cache
+            assert again == got
+
+
+def _one(kwargs: dict, index: int) -> dict:
+    return {**kwargs, "seeds": [kwargs["seeds"][index]]} if "seeds" in kwargs else kwargs
+
+
+def test_top_p_rows_do_not_depend_on_their_batch(tiny_model) -> None:
+    group = prompts(8, seed=4)
+    batched = outputs(make_engine(tiny_model), group, temperature=1.2, top_p=0.8)
+    for index, prompt in enumerate(group):
+        alone = outputs(make_engine(tiny_model, slots=1), [prompt], temperature=1.2, top_p=0.8,
+                        seeds=[index])  # fmt: skip
+        assert alone[0] == batched[index]
+
+
+def test_prefill_attention_is_the_same_whatever_the_split() -> None:
+    """A query's output depends only on its position and the keys up to it: not on where the
+    prefill started, how many tokens it held or the slot."""
+    import torch
+
+    from selfcest_env.agents.backends.attention import (
+        decode_attention,
+        prefill_attention,
+        prefill_plan,
+    )
+
+    torch.manual_seed(0)
+    kv, group, dim, length, block = 2, 3, 8, 90, 16
+    keys = torch.randn(3, kv, 128, dim)
+    values = torch.randn(3, kv, 128, dim)
+    keys[2], values[2] = keys[0], values[0]
+    queries = torch.randn(length, kv, group, dim)
+
+    def run(slot: int, start: int, count: int):
+        plan = prefill_plan(slot, start, 0, count, block, group, "cpu")
+        return prefill_attention(queries[start : start + count], keys, values, plan)
+
+    whole = run(0, 0, length)
+    for start, count in ((0, 1), (5, 30), (16, 74), (33, 57), (89, 1)):
+        assert torch.equal(run(2, start, count), whole[start : start + count])
+    scores = torch.einsum("qkgd,kpd->qkgp", queries, keys[0, :, :length])
+    causal = torch.arange(length)[None, :] > torch.arange(length)[:, None]
+    scores = scores.masked_fill(causal[:, None, None, :], float("-inf"))
+    reference = torch.einsum("qkgp,kpd->qkgd", scores.softmax(-1), values[0, :, :length])
+    assert torch.allclose(whole, reference, atol=1e-5)
+    last = decode_attention(queries[-1:], keys, values, [(0, length)])
+    assert torch.allclose(last, reference[-1:], atol=1e-5)
+
+
+def test_linear_rows_do_not_depend_on_their_batch() -> None:
+    """Float layers (one product when the BLAS allows, fixed tiles otherwise) and int8 layers
+    give a row the same bits in any aligned batch (the decoder pads every batch to a multiple of
+    ROW_ALIGN rows); int8 stays close to float."""
+    import torch
+
+    from selfcest_env.agents.backends.decoder import ROW_ALIGN, TILE_ROWS, Linear, rows_independent
+
+    torch.manual_seed(0)
+    weight, bias = torch.randn(96, 64), torch.randn(96)
+    x = torch.randn(5 * ROW_ALIGN, 64)
+    for linear in (Linear(weight, bias, False), Linear(weight, bias, False, tile=TILE_ROWS),
+                   Linear(weight, bias, True)):  # fmt: skip
+        if linear.tile is None and not linear.quantized and not rows_independent(linear):
+            continue  # this BLAS needs tiles; the decoder then uses them
+        full = linear(x)
+        for count in (ROW_ALIGN, 2 * ROW_ALIGN, 5 * ROW_ALIGN):
+            assert torch.equal(linear(x[:count]), full[:count])
+        assert torch.equal(linear(x.flip(0))[-1], full[0])
+    quantized = Linear(weight, bias, True)(x)
+    exact = x @ weight.T + bias
+    assert ((quantized - exact).abs().max() / exact.abs().max()).item() < 0.02
+
+
+def test_int8_decoding_is_batch_invariant_and_close_to_float(tiny_model) -> None:
+    group = prompts(12, seed=5)
+    batched = outputs(make_engine(tiny_model, quantize="int8"), group, cap=8)
+    alone = [outputs(make_engine(tiny_model, slots=1, quantize="int8"), [p], cap=8)[0]
+             for p in group]  # fmt: skip
+    assert batched == alone
+    exact = outputs(make_engine(tiny_model), group, cap=8)
+    first_tokens = sum(a[0][0] == b[0][0] for a, b in zip(batched, exact))
+    assert first_tokens >= len(group) - 2
+
+
+def test_prefix_cache_shares_blocks_across_requests_and_calls(tiny_model) -> None:
+    engine = make_engine(tiny_model)
+    shared = prompts(1, seed=6, shared=0)[0] * 2
+    shared = shared[: len(shared) // 8 * 8]
+    outputs(engine, [shared + [5, 6, 7], shared + [8, 9], shared + [10]], cap=2)
+    cache = engine.prefix_cache
+    blocks = len(shared) // cache.block
+    # the first request computes the shared blocks; the others wait a step and copy them
+    assert cache.hits == 2 * blocks
+    assert len(cache.match(shared + [1]).blocks) == blocks  # and later calls reuse them
+
+
+def test_a_finished_sequence_hands_its_slot_to_a_waiting_one_at_once(tiny_model) -> None:
+    """Continuous batching: with two slots and caps 1, 12 and 12, the third job starts in the
+    second step (when the first has finished), so the three need 13 forward passes, where a
+    static batch would run 12 + 12."""
+    engine = make_engine(tiny_model, slots=2)
+    engine.eos_ids = set()
+    jobs = jobs_for([[5], [6], [7]], cap=12)
+    jobs[0].cap = 1
+    engine.run(jobs)
+    assert [len(job.tokens) for job in jobs] == [1, 12, 12]
+    assert engine.steps == 13
+
+
+def test_prefix_cache_evicts_the_least_recently_used_leaves() -> None:
+    import torch
+
+    from selfcest_env.agents.backends.prefix_cache import PrefixCache, SlotCache
+
+    slots = SlotCache(1, 1, 1, 16, 2, torch.float32, "cpu")
+    cache = PrefixCache(block=2, max_blocks=3)
+    first = [1, 2, 3, 4, 5, 6]
+    cache.store(first, slots, 0)
+    cache.store([1, 2, 9, 9], slots, 0)  # shares the first block; the oldest leaf goes
+    assert len(cache) == 3
+    match = cache.match(first + [7])
+    assert len(match.blocks) == 2 and match.missing == (match.blocks[-1], (5, 6))
+    assert len(cache.match([1, 2, 9, 9, 0]).blocks) == 2
+    assert cache.match([4, 4, 4]).blocks == []
+
+
+def test_lora_adapters_run_as_the_adapted_model(tiny_model) -> None:
+    import copy
+
+    import torch
+
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+    adapted = peft.get_peft_model(copy.deepcopy(tiny_model), config)
+    for name, param in adapted.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.2)
+    prompt = prompts(1, seed=7)[0]
+    (job,) = jobs_for([prompt], cap=5)
+    make_engine(adapted).run([job])
+    with torch.no_grad():
+        logits = adapted(input_ids=torch.tensor([prompt + job.tokens])).logits[0]
+    assert logits[len(prompt) - 1 :].argmax(-1).tolist()[: len(job.tokens)] == job.tokens
+    plain = jobs_for([prompt], cap=5)
+    make_engine(tiny_model).run(plain)
+    assert plain[0].logprobs != job.logprobs  # the adapters changed the model
+
+
+def test_unsupported_models_are_refused() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from selfcest_env.agents.backends.decoder import Decoder
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+    with pytest.raises(ValueError, match="llama"):
+        Decoder(model)
+
+
+def test_num_threads_takes_a_count_or_all(tiny_model) -> None:
+    import torch
+
+    from selfcest_env.agents.backends.default_model import available_cpus
+    from selfcest_env.agents.backends.transformers_backend import TransformersBackend
+
+    for bad in (0, -2, "many", 1.5):
+        with pytest.raises(ValueError, match="num_threads"):
+            TransformersBackend(num_threads=bad)
+    before = torch.get_num_threads()
+    try:
+        TransformersBackend(hf_model=tiny_model, hf_tokenizer=object(), num_threads="all")
+        assert torch.get_num_threads() == available_cpus()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_decode_rows_give_the_same_bits_alone_and_beside_other_rows() -> None:
+    import torch
+
+    from selfcest_env.agents.backends.attention import decode_attention
+
+    torch.manual_seed(1)
+    kv, group, dim = 2, 3, 8
+    keys, values = torch.randn(6, kv, 96, dim), torch.randn(6, kv, 96, dim)
+    queries = torch.randn(6, kv, group, dim)
+    sequences = [(0, 40), (1, 17), (2, 40), (3, 96), (4, 40), (5, 17)]
+    together = decode_attention(queries, keys, values, sequences)
+    for row, (slot, length) in enumerate(sequences):
+        alone = decode_attention(queries[row : row + 1], keys, values, [(slot, length)])
+        assert torch.equal(alone[0], together[row])
+        scores = torch.einsum("kgd,kpd->kgp", queries[row], keys[slot, :, :length])
+        reference = torch.einsum("kgp,kpd->kgd", scores.softmax(-1), values[slot, :, :length])
+        assert torch.allclose(together[row], reference, atol=1e-5)
