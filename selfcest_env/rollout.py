@@ -6,6 +6,15 @@ call (so a model backend generates sibling clones and parallel samples together)
 environment with :meth:`~selfcest_env.env.SelfCestEnv.step_many`, and streams out an
 :class:`EpisodeResult` as soon as an episode ends.
 
+:class:`Driver` does the same for several runs through one loop: each :class:`Rollout` (a
+policy, its episodes and its ``parallel``) keeps its own slots, and one round asks every
+policy for the actions of its own contexts through one ``act`` function (:func:`act_in_turn`
+by default; the harness passes one that merges the policies' model calls into shared batches,
+:mod:`selfcest_env.harness.batching`). A rollout plays exactly the rounds it would play alone:
+its episodes start in the same slots in the same order and end in the same order, whatever
+else is in flight. Rollouts start in order, while the episodes in flight leave room for their
+``parallel`` (``max_in_flight``), so the batches grow with what is waiting.
+
 The driver knows nothing about models: a policy is anything with a ``name`` and
 ``act_batch(views) -> actions`` (see :class:`BatchPolicy`). When a policy cannot produce an
 action for a context because its backend failed, it returns an :class:`ActionFailure` in that
@@ -92,6 +101,37 @@ class EpisodeSpec:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+def episode_specs(indices: Iterable[int], seed: int = 0) -> list[EpisodeSpec]:
+    """Episode ``i`` plays split instance ``i`` with reset seed ``seed + i``."""
+    return [EpisodeSpec(i, seed + i, {"index": i}) for i in indices]
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One run for the :class:`Driver`: its episodes, played by ``policy`` in envs that
+    ``make_env`` builds (``min(parallel, len(episodes))`` of them), ``parallel`` at a time."""
+
+    make_env: Callable[[], SelfCestEnv]
+    policy: BatchPolicy
+    episodes: Sequence[EpisodeSpec]
+    parallel: int = 8
+
+    def __post_init__(self) -> None:
+        if self.parallel < 1:
+            raise ValueError(f"parallel must be >= 1, got {self.parallel}")
+
+
+#: The contexts of one round: each policy with the views it must act on.
+RoundCalls = Sequence[tuple[BatchPolicy, Sequence[ContextView]]]
+#: How a round's policies are asked: the actions of each call, in order.
+ActFunction = Callable[[RoundCalls], list[list[Action | ActionFailure]]]
+
+
+def act_in_turn(calls: RoundCalls) -> list[list[Action | ActionFailure]]:
+    """Each policy's ``act_batch``, one after another."""
+    return [list(policy.act_batch(views)) for policy, views in calls]
+
+
 @dataclass
 class _Slot:
     env: SelfCestEnv
@@ -99,9 +139,175 @@ class _Slot:
     started: float = 0.0
 
 
-def episode_specs(indices: Iterable[int], seed: int = 0) -> list[EpisodeSpec]:
-    """Episode ``i`` plays split instance ``i`` with reset seed ``seed + i``."""
-    return [EpisodeSpec(i, seed + i, {"index": i}) for i in indices]
+@dataclass
+class _Active:
+    """A rollout being played: its slots and the episodes not yet started (last first)."""
+
+    rollout: Rollout
+    slots: list[_Slot]
+    pending: list[EpisodeSpec]
+    stopped: bool = False
+
+    def start(self, slot: _Slot) -> None:
+        """Reset ``slot`` on the next pending episode, or leave it empty."""
+        slot.spec = self.pending.pop() if self.pending else None
+        if slot.spec is not None:
+            slot.env.reset(seed=slot.spec.seed, options=slot.spec.options)
+            slot.started = time.perf_counter()
+
+    def live(self) -> list[_Slot]:
+        """The slots with an episode in flight."""
+        return [slot for slot in self.slots if slot.spec is not None]
+
+    def views(self) -> list[tuple[_Slot, list[ContextView]]]:
+        """Each live slot with the views of its runnable contexts."""
+        views = []
+        for slot in self.live():
+            assert slot.spec is not None
+            runnable = slot.env.runnable().items()
+            views.append(
+                (
+                    slot,
+                    [ContextView(slot.spec.episode, c, obs, info) for c, (obs, info) in runnable],
+                )
+            )
+        return views
+
+    def close(self) -> None:
+        """Close every env."""
+        for slot in self.slots:
+            slot.env.close()
+
+
+class Driver:
+    """Plays the episodes of several :class:`Rollout` s through one loop (module docstring).
+
+    Iterate :meth:`results` once. ``rollouts`` is read lazily: the next rollout is taken only
+    when fewer than ``max_in_flight`` episodes are in flight over every rollout (so it may
+    build its envs, or open what it needs, at that moment), and starts once its ``parallel``
+    fits beside them, or when nothing is in flight. ``max_in_flight=1`` plays the rollouts one
+    after another; ``None``: all of them at once. The ``i``-th rollout taken has index ``i``.
+    ``act``: how a round's policies are asked (see :func:`act_in_turn`).
+    """
+
+    def __init__(
+        self,
+        rollouts: Iterable[Rollout],
+        *,
+        max_in_flight: int | None = None,
+        keep_traces: bool = False,
+        act: ActFunction = act_in_turn,
+    ) -> None:
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self._source = iter(rollouts)
+        self._taken = 0
+        self._held: tuple[int, Rollout] | None = None  # taken, waiting for room
+        self._active: dict[int, _Active] = {}
+        self._max_in_flight = max_in_flight
+        self._keep_traces = keep_traces
+        self._act = act
+
+    def stop(self, index: int) -> None:
+        """Play no more of rollout ``index``: its episodes in flight end unrecorded (nothing
+        more is yielded for it) and those not started are never started."""
+        if index in self._active:
+            self._active[index].stopped = True
+        elif self._held is not None and self._held[0] == index:
+            self._held = None
+
+    def results(self) -> Iterator[tuple[int, EpisodeResult]]:
+        """``(rollout index, result)`` of every episode, as it ends; closing the iterator
+        closes every env."""
+        try:
+            while self._admit():
+                yield from self._round()
+                ended = [i for i, run in self._active.items() if run.stopped or not run.live()]
+                for index in ended:
+                    self._active.pop(index).close()
+        finally:
+            for run in self._active.values():
+                run.close()
+            self._active.clear()
+
+    def _admit(self) -> bool:
+        """Start the rollouts that fit; whether any rollout is active."""
+        limit = self._max_in_flight
+        in_flight = sum(len(run.live()) for run in self._active.values())
+        while not in_flight or limit is None or in_flight < limit:
+            if self._held is None:
+                rollout = next(self._source, None)
+                if rollout is None:
+                    break
+                self._held = (self._taken, rollout)
+                self._taken += 1
+            index, rollout = self._held
+            width = min(rollout.parallel, len(rollout.episodes))
+            if in_flight and limit is not None and in_flight + width > limit:
+                break
+            self._held = None
+            if not width:
+                continue
+            slots = [_Slot(rollout.make_env()) for _ in range(width)]
+            run = self._active[index] = _Active(rollout, slots, list(reversed(rollout.episodes)))
+            for slot in slots:
+                run.start(slot)
+            in_flight += width
+        return bool(self._active)
+
+    def _round(self) -> Iterator[tuple[int, EpisodeResult]]:
+        """One round: every active rollout's runnable contexts, their actions, the steps."""
+        active = list(self._active.items())
+        views = [run.views() for _, run in active]
+        calls = [
+            (run.rollout.policy, [view for _, batch in slots for view in batch])
+            for (_, run), slots in zip(active, views)
+        ]
+        answers = self._act(calls)
+        for (index, run), slots, (policy, batch), actions in zip(active, views, calls, answers):
+            if len(actions) != len(batch):
+                raise RuntimeError(
+                    f"{policy.name}.act_batch returned {len(actions)} actions for {len(batch)} "
+                    "contexts; it must return exactly one per view"
+                )
+            position = 0
+            for slot, slot_views in slots:
+                if run.stopped:
+                    break
+                chosen = actions[position : position + len(slot_views)]
+                position += len(slot_views)
+                result = self._step(run, slot, slot_views, chosen)
+                if result is not None:
+                    yield index, result
+                    run.start(slot)
+
+    def _step(
+        self,
+        run: _Active,
+        slot: _Slot,
+        views: list[ContextView],
+        chosen: list[Action | ActionFailure],
+    ) -> EpisodeResult | None:
+        """Step ``slot``'s env with its actions; the episode's result when it ended."""
+        assert slot.spec is not None
+        failure = next((a for a in chosen if isinstance(a, ActionFailure)), None)
+        if failure is not None:
+            logger.warning(
+                "episode %d ends with %s: %s", slot.spec.episode, failure.end_reason, failure.error
+            )
+            _, reward, terminated, truncated, info = slot.env.abort(
+                failure.error, failure.end_reason
+            )
+        else:
+            _, reward, terminated, truncated, info = slot.env.step_many(
+                {view.context_id: action for view, action in zip(views, chosen)}
+            )
+        if not (terminated or truncated):
+            return None
+        episode_ended = getattr(run.rollout.policy, "episode_ended", None)
+        if episode_ended is not None:
+            episode_ended(slot.spec.episode)
+        return _result(slot, reward, info, self._keep_traces)
 
 
 def run_episodes(
@@ -123,77 +329,19 @@ def run_episodes(
         keep_traces: Attach each episode's full trace to its result.
         progress: Show a progress bar with accuracy so far.
     """
-    if parallel < 1:
-        raise ValueError(f"parallel must be >= 1, got {parallel}")
-    pending = list(reversed(episodes))
-    slots = [_Slot(make_env()) for _ in range(min(parallel, len(pending)))]
-    views_by_slot: dict[int, list[ContextView]] = {}
+    driver = Driver([Rollout(make_env, policy, episodes, parallel)], keep_traces=keep_traces)
     bar = tqdm(total=len(episodes), desc=policy.name, unit="ep", disable=not progress)
-    episode_ended = getattr(policy, "episode_ended", None)
-    correct = finished = 0
-
-    def start(index: int) -> None:
-        slot = slots[index]
-        slot.spec = pending.pop() if pending else None
-        if slot.spec is not None:
-            slot.env.reset(seed=slot.spec.seed, options=slot.spec.options)
-            slot.started = time.perf_counter()
-
+    correct = 0
+    results = driver.results()
     try:
-        for index in range(len(slots)):
-            start(index)
-        while any(slot.spec is not None for slot in slots):
-            views_by_slot.clear()
-            batch: list[ContextView] = []
-            for index, slot in enumerate(slots):
-                if slot.spec is None:
-                    continue
-                views = [
-                    ContextView(slot.spec.episode, cid, obs, info)
-                    for cid, (obs, info) in slot.env.runnable().items()
-                ]
-                views_by_slot[index] = views
-                batch.extend(views)
-            actions = policy.act_batch(batch)
-            if len(actions) != len(batch):
-                raise RuntimeError(
-                    f"{policy.name}.act_batch returned {len(actions)} actions for {len(batch)} "
-                    "contexts; it must return exactly one per view"
-                )
-            position = 0
-            for index, views in views_by_slot.items():
-                slot = slots[index]
-                chosen = actions[position : position + len(views)]
-                position += len(views)
-                failure = next((a for a in chosen if isinstance(a, ActionFailure)), None)
-                if failure is not None:
-                    logger.warning(
-                        "episode %d ends with %s: %s",
-                        slot.spec.episode,
-                        failure.end_reason,
-                        failure.error,
-                    )
-                    _, reward, terminated, truncated, info = slot.env.abort(
-                        failure.error, failure.end_reason
-                    )
-                else:
-                    _, reward, terminated, truncated, info = slot.env.step_many(
-                        {view.context_id: action for view, action in zip(views, chosen)}
-                    )
-                if terminated or truncated:
-                    if episode_ended is not None:
-                        episode_ended(slot.spec.episode)
-                    result = _result(slot, reward, info, keep_traces)
-                    correct += result.correct
-                    finished += 1
-                    bar.update(1)
-                    bar.set_postfix(acc=f"{correct / finished:.3f}")
-                    yield result
-                    start(index)
+        for finished, (_, result) in enumerate(results, start=1):
+            correct += result.correct
+            bar.update(1)
+            bar.set_postfix(acc=f"{correct / finished:.3f}")
+            yield result
     finally:
+        results.close()
         bar.close()
-        for slot in slots:
-            slot.env.close()
 
 
 def _result(slot: _Slot, reward: float, info: dict[str, Any], keep_trace: bool) -> EpisodeResult:

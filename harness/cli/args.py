@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 
 from selfcest_env.agents.backends import backend_names
 from selfcest_env.harness.cli.output import terminal_line
+from selfcest_env.harness.runner import DEFAULT_MAX_IN_FLIGHT, SCHEDULES
 from selfcest_env.harness.suites import split_list
 
 #: Exit code of a bad argument or setting.
@@ -106,7 +107,8 @@ def parse_key_value(text: str) -> tuple[str, Any]:
 
 
 def add_common_run_options(parser: argparse.ArgumentParser, *, suite: bool) -> None:
-    """The options of ``run`` and ``suite``: backend, model, backend arguments, parallel."""
+    """The options of ``run`` and ``suite``: backend, model, backend arguments, parallel,
+    schedule, progress."""
     parser.add_argument(
         "--backend",
         choices=backend_names(),
@@ -135,6 +137,21 @@ def add_common_run_options(parser: argparse.ArgumentParser, *, suite: bool) -> N
         default=None if suite else 8,
         help="episodes in flight per run; their contexts share each model batch"
         + (" (default: the suite's)" if suite else " (default: 8)"),
+    )
+    parser.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default=SCHEDULES[0],
+        help="cross-run (default): the runs in flight play each round together and their model "
+        "calls share one batch per backend; per-run: one run after another, as before",
+    )
+    parser.add_argument(
+        "--max-in-flight",
+        type=positive_int,
+        default=DEFAULT_MAX_IN_FLIGHT,
+        metavar="N",
+        help="cross-run: episodes in flight over all runs; a run starts once its --parallel "
+        f"fits (default: {DEFAULT_MAX_IN_FLIGHT})",
     )
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress line (tqdm, on stderr)"

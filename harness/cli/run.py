@@ -150,4 +150,6 @@ def command(args: argparse.Namespace, terminal: Terminal) -> int:
         report=terminal.report_run,
         fail=terminal.error,
         redact=terminal.redact,
+        schedule=args.schedule,
+        max_in_flight=args.max_in_flight,
     ).code

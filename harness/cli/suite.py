@@ -115,6 +115,8 @@ def command(args: argparse.Namespace, terminal: Terminal) -> int:
         fail=terminal.error,
         dry_run=args.dry_run,
         redact=terminal.redact,
+        schedule=args.schedule,
+        max_in_flight=args.max_in_flight,
     )
     if args.dry_run or done.stopped:
         return done.code

@@ -6,7 +6,9 @@ at random numbers of recorded episodes (in the middle of appends and stats write
 same command runs to completion and ``selfcest leaderboard`` is built. It must equal the
 leaderboard of the same command run once without interruption, cell for cell, except the
 wall-time columns (``wall_time_s_mean``, ``wall_time_s_p50``, ``wall_time_s_p95``,
-``wall_time_s``): they measure this machine's clock, which differs between any two runs.
+``wall_time_s``): they measure this machine's clock, which differs between any two runs. The
+same holds for a ``selfcest suite`` in the cross-run schedule, whose runs are all in flight when
+it is killed, against the suite played run by run.
 """
 
 from __future__ import annotations
@@ -52,18 +54,22 @@ def run_argv(out: Path) -> list[str]:
     ]
 
 
+def suite_argv(config: Path, out: Path, schedule: str) -> list[str]:
+    return ["suite", str(config), "--out", str(out), "--schedule", schedule, "--no-progress"]
+
+
 def recorded(out: Path) -> int:
     """Complete episode lines over every run folder (read without touching the files)."""
     return sum(f.read_bytes().count(b"\n") for f in out.rglob("episodes.jsonl"))
 
 
-def kill_at_random_point(out: Path, rng: random.Random, attempt: int) -> bool:
-    """Start the run and SIGKILL it: on even attempts after a random delay from the start or
-    at the first newly recorded episode, whichever comes first (so during start-up or at the
+def kill_at_random_point(argv: list[str], out: Path, rng: random.Random, attempt: int) -> bool:
+    """Start the command and SIGKILL it: on even attempts after a random delay from the start
+    or at the first newly recorded episode, whichever comes first (so during start-up or at the
     first append), on odd ones once a random number of the episodes still missing has been
-    recorded. Returns whether the kill interrupted the run (it may have finished)."""
+    recorded. Returns whether the kill interrupted the command (it may have finished)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "selfcest_env", *run_argv(out)],
+        [sys.executable, "-m", "selfcest_env", *argv],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -99,7 +105,9 @@ def leaderboard_rows(out: Path) -> list[dict[str, str]]:
 def test_killed_runs_resume_to_the_uninterrupted_leaderboard(tmp_path: Path) -> None:
     rng = random.Random(2026)
     killed = tmp_path / "killed"
-    interrupted = [kill_at_random_point(killed, rng, attempt) for attempt in range(KILLS)]
+    interrupted = [
+        kill_at_random_point(run_argv(killed), killed, rng, attempt) for attempt in range(KILLS)
+    ]
     assert sum(interrupted) >= KILLS - 1, "the kills came too late to interrupt the run"
     assert main(run_argv(killed)) == 0  # the same command, now left to finish
 
@@ -119,5 +127,47 @@ def test_killed_runs_resume_to_the_uninterrupted_leaderboard(tmp_path: Path) -> 
         for stats in (clean_stats, killed_stats):
             del stats["updated"], stats["wall_time_s"], stats["meters"]["wall_time_s"]
         assert killed_stats == clean_stats
+        with RunFolder.open_existing(folder) as run:
+            assert run.stats_current()
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+def test_a_killed_cross_run_suite_resumes_to_the_leaderboard_of_a_per_run_one(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "suite.json"
+    agents = ["scripted-monolithic", "scripted-delegate"]
+    config.write_text(
+        json.dumps(
+            {
+                "name": "kills",
+                "parallel": 3,
+                "runs": [
+                    {
+                        "env": "SelfCest-Math-v0",
+                        "env_args": {"preset": "easy"},
+                        "agents": agents,
+                        "max_new_tokens": [64, None],
+                        "episodes": EPISODES,
+                        "seed": 7,
+                    }
+                ],
+            }
+        )
+    )
+    rng = random.Random(2027)
+    killed = tmp_path / "killed"
+    argv = suite_argv(config, killed, "cross-run")
+    interrupted = [kill_at_random_point(argv, killed, rng, attempt) for attempt in range(KILLS)]
+    assert sum(interrupted) >= KILLS - 1, "the kills came too late to interrupt the suite"
+    assert main(argv) == 0
+
+    clean = tmp_path / "clean"
+    assert main(suite_argv(config, clean, "per-run")) == 0
+
+    assert leaderboard_rows(killed / "runs") == leaderboard_rows(clean / "runs")
+    for folder in sorted(p.parent for p in (killed / "runs").rglob("run_spec.json")):
+        indices = sorted(e["episode"] for e in read_episodes(folder))
+        assert indices == list(range(EPISODES)), "an episode was lost or duplicated"
         with RunFolder.open_existing(folder) as run:
             assert run.stats_current()

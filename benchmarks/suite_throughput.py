@@ -1,0 +1,128 @@
+"""Episodes per minute of a suite: the cross-run schedule against the per-run one.
+
+Plays the quick suite (or ``--suite``) with the transformers backend and the default model three
+times, in one invocation, each into a fresh temporary folder and with a fresh backend (its load
+is timed, as in ``selfcest suite``):
+
+1. ``per-run``, batch 8: one run after another with the suite's ``parallel`` episodes in flight
+   and the backend's ``batch_size`` at 8, the schedule ``selfcest suite`` had before;
+2. ``cross-run``, batch 8: every run in flight at once (up to ``--max-in-flight`` episodes),
+   each round's model calls merged into one backend call, the backend unchanged: what the
+   scheduler alone gives;
+3. ``cross-run``, batch ``--batch-size``: the same, the backend computing the larger batches
+   that merging makes available (``batch_size`` is part of a run's identity, so these runs have
+   folders of their own).
+
+Each line gives the episodes recorded, wall seconds, episodes per minute, the backend calls of
+the shared backend and their mean batch (the trained clone controller generates with its own
+model, not counted), and the ratio to the first line. It also checks that the two batch-8 plays
+wrote the same records (``episodes.jsonl`` but ``wall_time_s``). ``--episodes N`` plays N
+episodes in every run: with fewer than ``parallel`` the per-run schedule's batches shrink,
+which flatters the cross-run one; the suite's own counts are the fair measure.
+
+    python benchmarks/suite_throughput.py [--suite quick] [--episodes N] [--batch-size 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from selfcest_env.agents.backends.transformers_backend import TransformersBackend
+from selfcest_env.harness.requests import requests_from_suite
+from selfcest_env.harness.runner import DEFAULT_MAX_IN_FLIGHT, Execution, execute
+from selfcest_env.harness.suites import SuiteConfig, load_suite
+
+
+@dataclass
+class Play:
+    """One timed play of the suite."""
+
+    label: str
+    wall_s: float
+    done: Execution
+    out: Path
+
+    @property
+    def episodes(self) -> int:
+        """Episodes recorded."""
+        return sum(outcome.played for outcome in self.done.outcomes)
+
+    @property
+    def per_minute(self) -> float:
+        """Episodes recorded per minute."""
+        return 60 * self.episodes / self.wall_s
+
+
+def play(suite: SuiteConfig, out: Path, schedule: str, batch_size: int, max_in_flight: int) -> Play:
+    """Play ``suite`` into ``out`` and time it."""
+    arguments = {**suite.backend_args, "batch_size": batch_size}
+    configured = replace(suite, backend="transformers", backend_args=arguments)
+    requests = requests_from_suite(configured)
+    started = time.perf_counter()
+    done = execute(
+        requests,
+        out,
+        progress=False,
+        report=lambda outcome: None,
+        fail=print,
+        schedule=schedule,
+        max_in_flight=max_in_flight,
+    )
+    return Play(f"{schedule}, batch {batch_size}", time.perf_counter() - started, done, out)
+
+
+def records(out: Path) -> dict[str, list[dict]]:
+    """Every run folder's episode records without ``wall_time_s``, by folder name."""
+    found = {}
+    for path in sorted(out.glob("*/episodes.jsonl")):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        for line in lines:
+            del line["meters"]["wall_time_s"]
+        found[path.parent.name] = lines
+    return found
+
+
+def main() -> None:
+    """Play the suite three ways and print episodes per minute with the ratios."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", default="quick", help="built-in suite name or suite file")
+    parser.add_argument("--episodes", type=int, default=None, help="episodes per run")
+    parser.add_argument("--batch-size", type=int, default=64, help="batch of the third play")
+    parser.add_argument("--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT)
+    args = parser.parse_args()
+    suite = load_suite(args.suite)
+    if args.episodes is not None:
+        suite = suite.with_episodes(args.episodes)
+    TransformersBackend().close()  # converts the default model once, warms the file cache
+    requests = requests_from_suite(suite)
+    print(
+        f"suite {suite.name}: {len(requests)} runs, {sum(r.episodes for r in requests)} "
+        f"episodes, parallel {requests[0].parallel}, max in flight {args.max_in_flight}"
+    )
+    ways = [("per-run", 8), ("cross-run", 8), ("cross-run", args.batch_size)]
+    plays = []
+    with tempfile.TemporaryDirectory() as root:
+        for number, (schedule, batch_size) in enumerate(ways):
+            out = Path(root) / str(number)
+            plays.append(play(suite, out, schedule, batch_size, args.max_in_flight))
+            timed = plays[-1]
+            calls, requested = timed.done.model_calls, timed.done.model_requests
+            print(
+                f"  {timed.label:22} {timed.episodes:4d} episodes  {timed.wall_s:7.1f} s  "
+                f"{timed.per_minute:6.1f} episodes/min  {calls:5d} backend calls, mean batch "
+                f"{requested / max(calls, 1):5.1f}  {timed.per_minute / plays[0].per_minute:.2f}x"
+            )
+        same = records(plays[0].out) == records(plays[1].out)
+    print(f"batch-8 plays wrote the same records: {'yes' if same else 'NO'}")
+    for timed in plays[1:]:
+        ratio = timed.per_minute / plays[0].per_minute
+        print(f"{timed.label} / per-run, batch 8: {ratio:.2f}x episodes per minute")
+
+
+if __name__ == "__main__":
+    main()
