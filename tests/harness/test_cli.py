@@ -281,21 +281,31 @@ def test_bad_suite_files(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
 
 
 def test_quick_suite_shape() -> None:
+    """The main job: every bundled model agent on both envs (the trained controller on math),
+    at least 48 episodes per run so that intervals can separate agents, every episode in flight
+    at once, and at least two caps per agent for the cost axis."""
     assert "quick" in builtin_suites()
     suite = load_suite("quick")
-    assert suite.n_runs() == 27
-    envs = {entry.env for entry in suite.runs}
-    assert envs == {"SelfCest-Math-v0", "SelfCest-MultiHopQA-v0"}
+    assert suite.n_runs() == 23
+    agents: dict[str, set[str]] = {}
+    caps: dict[tuple[str, str], set[int]] = {}
     for entry in suite.runs:
-        trained = {"clone-controller-trained"} if entry.env == "SelfCest-Math-v0" else set()
-        assert set(entry.agents) == {
-            "monolithic",
-            "clone-controller",
-            "self-consistency",
-            "tree-of-thoughts",
-            *trained,
-        }
-        assert [b["max_new_tokens"] for b in entry.budgets()] == [32, 64, 128]
+        assert entry.episodes >= 48 and entry.parallel == entry.episodes
+        for agent in entry.agents:
+            agents.setdefault(entry.env, set()).add(agent)
+            caps.setdefault((entry.env, agent), set()).update(
+                budget["max_new_tokens"] for budget in entry.budgets()
+            )
+    model_agents = {"monolithic", "clone-controller", "self-consistency", "tree-of-thoughts"}
+    assert agents == {
+        "SelfCest-Math-v0": model_agents | {"clone-controller-trained"},
+        "SelfCest-MultiHopQA-v0": model_agents,
+    }
+    assert all(len(budgets) >= 2 for budgets in caps.values())
+    assert (
+        sum(entry.episodes * len(entry.agents) * len(entry.budgets()) for entry in suite.runs)
+        == 1344
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -227,8 +227,10 @@ def test_run_folders_made_before_keep_their_identity() -> None:
     """Without backend arguments the spec has no ``backend_args`` (the hash of every folder
     made before is unchanged), and the committed leaderboard's folders all read back."""
     assert "backend_args" not in spec_of("transformers").extra
-    rows, skipped = collect_rows(REPO / "leaderboards" / "quick" / "runs")
-    assert skipped == [] and len(rows) == 27
+    committed = REPO / "leaderboards" / "quick" / "runs"
+    rows, skipped = collect_rows(committed)
+    folders = [path for path in committed.iterdir() if path.is_dir()]
+    assert skipped == [] and len(rows) == len(folders) > 0
 
 
 def test_two_servers_behind_one_model_name_get_two_run_folders(
