@@ -219,6 +219,12 @@ class Decoder:
         if not quant:
             self._tile_if_rows_depend_on_batch()
 
+    @property
+    def kv_bytes_per_position(self) -> int:
+        """The bytes one position of one sequence takes in a KV cache (keys and values, every
+        layer)."""
+        return 2 * self.layer_count * self.kv_heads * self.head_dim * self.embed.element_size()
+
     def _linears(self) -> list[Linear]:
         return [self.lm_head] + [
             linear for layer in self.layers

@@ -113,10 +113,7 @@ class Engine:
         decoder = self.decoder
         need = max(len(job.prompt) + job.cap for job in jobs)
         capacity = -(-need // self.block) * self.block
-        per_slot = (
-            2 * decoder.layer_count * decoder.kv_heads * decoder.head_dim * capacity
-            * decoder.embed.element_size()
-        )  # fmt: skip
+        per_slot = decoder.kv_bytes_per_position * capacity
         slots = max(1, min(self.max_slots, len(jobs), self.kv_cache_bytes // per_slot))
         cache = self.cache
         if cache is not None and cache.capacity >= capacity and cache.slots >= slots:

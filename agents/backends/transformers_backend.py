@@ -129,10 +129,7 @@ class TransformersBackend(Backend):
         self._rng = random.Random()
         decoder = Decoder(hf_model, quantize)
         self._max_positions = decoder.max_positions
-        block_bytes = (
-            2 * decoder.layer_count * decoder.kv_heads * decoder.head_dim * PREFIX_BLOCK
-            * decoder.embed.element_size()
-        )  # fmt: skip
+        block_bytes = decoder.kv_bytes_per_position * PREFIX_BLOCK
         self.prefix_cache = PrefixCache(PREFIX_BLOCK, prefix_cache_mb * 2**20 // block_bytes)
         self.engine: Engine | None = Engine(
             decoder,
