@@ -1,24 +1,28 @@
 """Episodes per minute of a suite: the cross-run schedule against the per-run one.
 
-Plays the quick suite (or ``--suite``) with the transformers backend and the default model three
+Plays the quick suite (or ``--suite``) with the transformers backend and the default model four
 times, in one invocation, each into a fresh temporary folder and with a fresh backend (its load
 is timed, as in ``selfcest suite``):
 
-1. ``per-run``, batch 8: one run after another with the suite's ``parallel`` episodes in flight
-   and the backend's ``batch_size`` at 8, the schedule ``selfcest suite`` had before;
-2. ``cross-run``, batch 8: every run in flight at once (up to ``--max-in-flight`` episodes),
-   each round's model calls merged into one backend call, the backend unchanged: what the
-   scheduler alone gives;
-3. ``cross-run``, batch ``--batch-size``: the same, the backend computing the larger batches
-   that merging makes available (``batch_size`` is part of a run's identity, so these runs have
-   folders of their own).
+1. ``per-run``, batch 8, ``decoder="forward"``: one run after another with the suite's
+   ``parallel`` episodes in flight, the backend at batch 8 on the model's own forward pass (no
+   prefix cache, no continuous batching): how ``selfcest suite`` played before the decode
+   engine and the cross-run schedule, the baseline;
+2. ``per-run``, batch 8, on the decode engine: what the engine alone gives;
+3. ``cross-run``, batch 8: every run in flight at once (up to ``--max-in-flight`` episodes),
+   each round's model calls merged into one backend call, the backend as in 2: what the
+   scheduler adds;
+4. ``cross-run``, batch ``--batch-size``: the same, the backend computing the larger batches
+   that merging makes available (``batch_size`` and ``decoder`` are part of a run's identity,
+   so these runs have folders of their own).
 
 Each line gives the episodes recorded, wall seconds, episodes per minute, the backend calls of
 the shared backend and their mean batch (the trained clone controller generates with its own
-model, not counted), and the ratio to the first line. It also checks that the two batch-8 plays
-wrote the same records (``episodes.jsonl`` but ``wall_time_s``). ``--episodes N`` plays N
-episodes in every run: with fewer than ``parallel`` the per-run schedule's batches shrink,
-which flatters the cross-run one; the suite's own counts are the fair measure.
+model, not counted), and the ratios to the first and second lines. It also checks that the two
+batch-8 plays on the engine wrote the same records (``episodes.jsonl`` but ``wall_time_s``).
+``--episodes N`` plays N episodes in every run: with fewer than ``parallel`` the per-run
+schedule's batches shrink, which flatters the cross-run one;
+the suite's own counts are the fair measure.
 
     python benchmarks/suite_throughput.py [--suite quick] [--episodes N] [--batch-size 64]
 """
@@ -58,9 +62,10 @@ class Play:
         return 60 * self.episodes / self.wall_s
 
 
-def play(suite: SuiteConfig, out: Path, schedule: str, batch_size: int, max_in_flight: int) -> Play:
-    """Play ``suite`` into ``out`` and time it."""
-    arguments = {**suite.backend_args, "batch_size": batch_size}
+def play(suite: SuiteConfig, out: Path, way: tuple[str, int, str], max_in_flight: int) -> Play:
+    """Play ``suite`` into ``out`` the ``(schedule, batch size, decoder)`` way and time it."""
+    schedule, batch_size, decoder = way
+    arguments = {**suite.backend_args, "batch_size": batch_size, "decoder": decoder}
     configured = replace(suite, backend="transformers", backend_args=arguments)
     requests = requests_from_suite(configured)
     started = time.perf_counter()
@@ -73,7 +78,8 @@ def play(suite: SuiteConfig, out: Path, schedule: str, batch_size: int, max_in_f
         schedule=schedule,
         max_in_flight=max_in_flight,
     )
-    return Play(f"{schedule}, batch {batch_size}", time.perf_counter() - started, done, out)
+    label = f"{schedule}, batch {batch_size}" + (", forward" if decoder == "forward" else "")
+    return Play(label, time.perf_counter() - started, done, out)
 
 
 def records(out: Path) -> dict[str, list[dict]]:
@@ -88,11 +94,11 @@ def records(out: Path) -> dict[str, list[dict]]:
 
 
 def main() -> None:
-    """Play the suite three ways and print episodes per minute with the ratios."""
+    """Play the suite four ways and print episodes per minute with the ratios."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="quick", help="built-in suite name or suite file")
     parser.add_argument("--episodes", type=int, default=None, help="episodes per run")
-    parser.add_argument("--batch-size", type=int, default=64, help="batch of the third play")
+    parser.add_argument("--batch-size", type=int, default=64, help="batch of the last play")
     parser.add_argument("--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT)
     args = parser.parse_args()
     suite = load_suite(args.suite)
@@ -104,24 +110,29 @@ def main() -> None:
         f"suite {suite.name}: {len(requests)} runs, {sum(r.episodes for r in requests)} "
         f"episodes, parallel {requests[0].parallel}, max in flight {args.max_in_flight}"
     )
-    ways = [("per-run", 8), ("cross-run", 8), ("cross-run", args.batch_size)]
-    plays = []
+    ways = [
+        ("per-run", 8, "forward"),
+        ("per-run", 8, "auto"),
+        ("cross-run", 8, "auto"),
+        ("cross-run", args.batch_size, "auto"),
+    ]
+    plays: list[Play] = []
     with tempfile.TemporaryDirectory() as root:
-        for number, (schedule, batch_size) in enumerate(ways):
-            out = Path(root) / str(number)
-            plays.append(play(suite, out, schedule, batch_size, args.max_in_flight))
-            timed = plays[-1]
+        for number, way in enumerate(ways):
+            timed = play(suite, Path(root) / str(number), way, args.max_in_flight)
+            plays.append(timed)
             calls, requested = timed.done.model_calls, timed.done.model_requests
             print(
-                f"  {timed.label:22} {timed.episodes:4d} episodes  {timed.wall_s:7.1f} s  "
+                f"  {timed.label:31} {timed.episodes:4d} episodes  {timed.wall_s:7.1f} s  "
                 f"{timed.per_minute:6.1f} episodes/min  {calls:5d} backend calls, mean batch "
-                f"{requested / max(calls, 1):5.1f}  {timed.per_minute / plays[0].per_minute:.2f}x"
+                f"{requested / max(calls, 1):5.1f}  {timed.per_minute / plays[0].per_minute:.2f}x "
+                f"(engine per-run: {timed.per_minute / plays[min(1, number)].per_minute:.2f}x)"
             )
-        same = records(plays[0].out) == records(plays[1].out)
-    print(f"batch-8 plays wrote the same records: {'yes' if same else 'NO'}")
+        same = records(plays[1].out) == records(plays[2].out)
+    print(f"batch-8 plays on the engine wrote the same records: {'yes' if same else 'NO'}")
     for timed in plays[1:]:
         ratio = timed.per_minute / plays[0].per_minute
-        print(f"{timed.label} / per-run, batch 8: {ratio:.2f}x episodes per minute")
+        print(f"{timed.label} / {plays[0].label}: {ratio:.2f}x episodes per minute")
 
 
 if __name__ == "__main__":

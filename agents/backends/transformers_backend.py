@@ -5,16 +5,19 @@ weights run in :class:`.decoder.Decoder` (Llama-family models) driven by
 :class:`.engine.Engine`: continuous batching (a finished sequence's slot goes to the next
 waiting request at once), a prefix cache shared across calls (the system prompt and tool
 description of every context are computed once), next-token logits for the last position only,
-a static KV cache, and optional int8 linear layers (``quantize="int8"``, CPU).
+a static KV cache, and optional int8 linear layers (``quantize="int8"``, CPU). Other
+architectures run on the model's own forward pass (:class:`.forward_loop.ForwardLoop`, also the
+reference the engine is measured against: ``decoder="forward"``).
 
 Each request keeps its own temperature, top-p, seed (a private ``torch.Generator`` that draws
 one uniform number per sampled token), stop strings and token cap. **Batch invariance:** a
 request's token ids and logprobs are the same bits whatever else is in the batch, the batch
 size, the order of the requests, what the prefix cache holds and the CPU thread count (see
-:mod:`.engine`). Logprobs are those of the sampled token under the distribution it was sampled
-from (after temperature and top-p; ``logprobs_mode="raw"`` gives them under the unmodified
-model distribution instead). Greedy rows (temperature 0) report raw logprobs, since their
-processed distribution is degenerate.
+:mod:`.engine`; on the forward loop, up to the rounding of padded arithmetic). Logprobs are
+those of the sampled token under the distribution it was sampled from (after temperature and
+top-p; ``logprobs_mode="raw"`` gives them under the unmodified model distribution instead).
+Greedy rows (temperature 0) report raw logprobs, since their processed distribution is
+degenerate.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from .default_model import (
     resolve_device,
 )
 from .engine import Engine, Job
+from .forward_loop import ForwardLoop
 from .prefix_cache import PrefixCache
 
 logger = logging.getLogger(__name__)
@@ -56,7 +60,9 @@ class TransformersConfig:
     (CPU: linear layers in int8, weights per output channel, activations per row).
     ``prefix_cache_mb`` / ``kv_cache_mb``: memory for cached prompt prefixes / for the slots
     (fewer slots run when long prompts would not fit). ``prefill_tokens``: the most prompt
-    tokens one forward pass takes.
+    tokens one forward pass takes. ``decoder``: ``"engine"`` (the decode engine, Llama-family
+    models), ``"forward"`` (the model's own forward pass: any causal LM, no prefix cache or
+    continuous batching) or ``"auto"`` (the engine where it runs the model, else forward).
     """
 
     model: str | None = None
@@ -70,6 +76,7 @@ class TransformersConfig:
     prefix_cache_mb: int = 1024
     kv_cache_mb: int = 4096
     prefill_tokens: int = 2048
+    decoder: Literal["auto", "engine", "forward"] = "auto"
 
 
 class TransformersBackend(Backend):
@@ -93,6 +100,7 @@ class TransformersBackend(Backend):
         prefix_cache_mb: int = 1024,
         kv_cache_mb: int = 4096,
         prefill_tokens: int = 2048,
+        decoder: Literal["auto", "engine", "forward"] = "auto",
         hf_model: Any = None,
         hf_tokenizer: Any = None,
     ) -> None:
@@ -103,12 +111,16 @@ class TransformersBackend(Backend):
 
         self.config = TransformersConfig(
             model, device, dtype, batch_size, num_threads, logprobs_mode, trust_remote_code,
-            quantize, prefix_cache_mb, kv_cache_mb, prefill_tokens,
+            quantize, prefix_cache_mb, kv_cache_mb, prefill_tokens, decoder,
         )  # fmt: skip
         if min(batch_size, prefill_tokens) < 1 or min(prefix_cache_mb, kv_cache_mb) < 0:
             raise ValueError("batch_size and prefill_tokens must be >= 1, cache sizes >= 0")
         if logprobs_mode not in ("processed", "raw"):
             raise ValueError(f"logprobs_mode must be 'processed' or 'raw', got {logprobs_mode!r}")
+        if decoder not in ("auto", "engine", "forward"):
+            raise ValueError(f"decoder must be 'auto', 'engine' or 'forward', got {decoder!r}")
+        if quantize is not None and decoder == "forward":
+            raise ValueError("quantize runs on the decode engine: use decoder='auto' or 'engine'")
         if num_threads == "all":
             num_threads = available_cpus()
         elif num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
@@ -127,20 +139,47 @@ class TransformersBackend(Backend):
         self.device = next(hf_model.parameters()).device
         self._eos_ids = self._collect_eos_ids()
         self._rng = random.Random()
-        decoder = Decoder(hf_model, quantize)
+        self._max_positions = getattr(hf_model.config, "max_position_embeddings", None) or 2**31
+        self.prefix_cache = PrefixCache(PREFIX_BLOCK, 0)
+        raw = logprobs_mode == "raw"
+        self.engine: Engine | ForwardLoop | None = None
+        if decoder != "forward":
+            self.engine = self._decode_engine(quantize, raw, decoder == "engine")
+        if self.engine is None:
+            pad = self.tokenizer.pad_token_id
+            self.engine = ForwardLoop(
+                hf_model,
+                batch_size=batch_size,
+                pad_id=pad if pad is not None else min(self._eos_ids, default=0),
+                eos_ids=self._eos_ids,
+                stopped=self._stopped,
+                raw_logprobs=raw,
+            )
+
+    def _decode_engine(self, quantize: str | None, raw: bool, required: bool) -> Engine | None:
+        """The decode engine on this model, or ``None`` when it cannot run it and the engine
+        is not ``required`` (the forward loop runs it then)."""
+        config = self.config
+        try:
+            decoder = Decoder(self.model, quantize)
+        except ValueError as exc:
+            if required or quantize is not None:
+                raise
+            logger.info("the decode engine does not run this model (%s): forward loop", exc)
+            return None
         self._max_positions = decoder.max_positions
         block_bytes = decoder.kv_bytes_per_position * PREFIX_BLOCK
-        self.prefix_cache = PrefixCache(PREFIX_BLOCK, prefix_cache_mb * 2**20 // block_bytes)
-        self.engine: Engine | None = Engine(
+        self.prefix_cache = PrefixCache(PREFIX_BLOCK, config.prefix_cache_mb * 2**20 // block_bytes)
+        return Engine(
             decoder,
             self.prefix_cache,
-            slots=batch_size,
-            prefill_tokens=prefill_tokens,
+            slots=config.batch_size,
+            prefill_tokens=config.prefill_tokens,
             block=ATTENTION_BLOCK,
-            kv_cache_bytes=kv_cache_mb * 2**20,
+            kv_cache_bytes=config.kv_cache_mb * 2**20,
             eos_ids=self._eos_ids,
             stopped=self._stopped,
-            raw_logprobs=logprobs_mode == "raw",
+            raw_logprobs=raw,
         )
 
     def _collect_eos_ids(self) -> set[int]:

@@ -206,6 +206,7 @@ IDENTITY_CASES: dict[str, tuple[str, dict, dict, bool]] = {
     "device": ("transformers", {"device": "cpu"}, {"device": "cuda"}, False),
     "batch size": ("transformers", {}, {"batch_size": 1}, False),
     "logprobs mode": ("transformers", {}, {"logprobs_mode": "raw"}, False),
+    "decode loop": ("transformers", {}, {"decoder": "forward"}, False),
     "CPU threads": ("transformers", {}, {"num_threads": 1}, True),
     "quantisation": ("vllm", {}, {"quantization": "awq"}, False),
     "vllm dtype": ("vllm", {"dtype": "half"}, {"dtype": "float"}, False),
@@ -231,6 +232,25 @@ def test_run_folders_made_before_keep_their_identity() -> None:
     rows, skipped = collect_rows(committed)
     folders = [path for path in committed.iterdir() if path.is_dir()]
     assert skipped == [] and len(rows) == len(folders) > 0
+
+
+def test_a_named_variant_is_part_of_the_spec_and_a_derived_one_is_not() -> None:
+    from dataclasses import replace
+
+    request = RunRequest(
+        env=MATH_ENV_ID,
+        source="arithmetic",
+        split="test",
+        agent="scripted-monolithic",
+        budget={},
+        episodes=1,
+        env_args={"preset": "easy"},
+    )
+    derived = Runner("unused").spec_for(request)
+    named = Runner("unused").spec_for(replace(request, variant="warm-up"))
+    assert "variant" not in derived.extra and derived.variant == "easy"
+    assert named.extra["variant"] == named.variant == "warm-up"
+    assert named.run_id != derived.run_id
 
 
 def test_two_servers_behind_one_model_name_get_two_run_folders(
