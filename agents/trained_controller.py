@@ -50,8 +50,11 @@ def load_adapted_model(adapter: Path, device: str | None = "auto") -> tuple[Any,
     into its weights (inference then costs what the base model costs)."""
     from peft import PeftModel
 
+    from selfcest_env.agents.training.policy import peft_without_deprecation_noise
+
     base, tokenizer = load_default_model(device=device, dtype="float32")
-    merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    with peft_without_deprecation_noise():
+        merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
     merged.eval()
     return merged, tokenizer
 

@@ -178,6 +178,8 @@ class Runner:
         backend_args = request.backend.spec_args() if info.needs_backend else {}
         if backend_args:  # absent when empty: run folders made before keep their identity
             extra["backend_args"] = backend_args
+        if request.variant:  # likewise
+            extra["variant"] = request.variant
         return RunSpec(
             env_id=request.env,
             source=request.source,
@@ -421,9 +423,12 @@ class _RunPlay:
         self.closed = True
 
 
+def _budget_text(request: RunRequest) -> str:
+    return ",".join(f"{k}={v}" for k, v in request.budget.items()) or "default budget"
+
+
 def _bar_label(request: RunRequest) -> str:
-    budget = ",".join(f"{k}={v}" for k, v in request.budget.items()) or "default"
-    return f"{request.agent} {request.env.removeprefix('SelfCest-')} {budget}"
+    return f"{request.agent} {request.env.removeprefix('SelfCest-')} {_budget_text(request)}"
 
 
 class _Progress:
@@ -501,8 +506,10 @@ class Execution:
 
 
 def _request_label(request: RunRequest) -> str:
-    budget = ",".join(f"{k}={v}" for k, v in request.budget.items()) or "default budget"
-    return f"{request.agent} on {request.env} {request.source}/{request.split} ({budget})"
+    return (
+        f"{request.agent} on {request.env} {request.source}/{request.split} "
+        f"({_budget_text(request)})"
+    )
 
 
 class _Engine:

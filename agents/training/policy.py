@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +56,17 @@ def build_scratch_model(section: ModelSection, tokenizer: Any, seed: int) -> Any
     return model
 
 
+@contextmanager
+def peft_without_deprecation_noise() -> Iterator[None]:
+    """Hide the ``FutureWarning`` peft triggers on every wrap by reading transformers'
+    deprecated ``is_gradient_checkpointing`` (a peft matter; nothing for users to change)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning
+        )
+        yield
+
+
 def add_lora(model: Any, section: ModelSection) -> Any:
     """``model`` wrapped with trainable LoRA adapters (everything else frozen).
 
@@ -74,7 +88,8 @@ def add_lora(model: Any, section: ModelSection) -> Any:
         target_modules=[t for t in section.lora_targets if t in names],
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+    with peft_without_deprecation_noise():
+        return get_peft_model(model, config)
 
 
 class Policy:
