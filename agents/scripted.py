@@ -10,7 +10,9 @@ of the tree they build and therefore what the ledger charges.
   expression (the laptop training recipe imitates it next to the delegator).
 * :class:`ScriptedDelegator` splits the expression at its top-level ``+``/``-`` into at most
   ``parts`` chunks, spawns one clone per chunk, and adds up what the clones return; clones that
-  may spawn in turn (``max_depth > 1``) split their chunk again.
+  may spawn in turn (``max_depth > 1``) split their chunk again. With ``leaf_steps`` the
+  clones that cannot spawn work their chunk out as :class:`ScriptedStepByStep` does (what a
+  model clone has to write), instead of answering at once.
 """
 
 from __future__ import annotations
@@ -155,14 +157,16 @@ class ScriptedDelegator(ScriptedAgent):
     Attributes:
         parts: Chunks (clones) per spawn; keep it within the env's ``max_clones_per_call``.
         shared_context: Keys passed with every spawn (to exercise context routing).
+        leaf_steps: Contexts that cannot spawn write their running totals before the answer.
     """
 
     parts: int = 3
     shared_context: tuple[str, ...] = ()
+    leaf_steps: bool = False
     name: str = "scripted-delegate"
     info: ClassVar[AgentInfo] = AgentInfo(
         needs_backend=False,
-        options={"parts": OptionRange(int, 1)},
+        options={"parts": OptionRange(int, 1), "leaf_steps": None},
         description="exact arithmetic split over clones, no model (tests, reference)",
     )
 
@@ -174,6 +178,8 @@ class ScriptedDelegator(ScriptedAgent):
         expression = expression_of(messages)
         terms = top_level_terms(expression)
         if not info["tools"] or len(terms) < 2:
+            if self.leaf_steps:
+                return ScriptedStepByStep().act(observation, info)
             return Return(str(evaluate_expression(expression)))
         objectives = [
             f"Calculate the value of {chunk}." for chunk in chunk_terms(terms, self.parts)

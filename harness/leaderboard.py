@@ -5,7 +5,8 @@ of ``episodes.jsonl``; folders are only read, never repaired). Columns and their
 listed in :data:`LEADERBOARD_DTYPES`.
 
 Pareto frontier (per cost meter in :data:`~selfcest_env.harness.store.COST_METERS`, on the *mean*
-cost, within groups of equal ``env_id`` + ``source`` + ``split``): a run is on the frontier when
+cost, within groups of equal ``env_id`` + ``source`` + ``split`` + ``variant``, the task
+variant of :attr:`~selfcest_env.harness.runspec.RunSpec.variant`): a run is on the frontier when
 no other run of its group dominates it, where *a dominates b* means ``cost_a <= cost_b`` and
 ``acc_a >= acc_b`` with at least one of the two strict. Consequences, chosen on purpose:
 
@@ -70,7 +71,7 @@ __all__ = [
 PARETO_METERS: tuple[str, ...] = COST_METERS
 
 #: Columns whose equal values form one comparison group (frontiers never cross groups).
-GROUP_KEYS: tuple[str, ...] = ("env_id", "source", "split")
+GROUP_KEYS: tuple[str, ...] = ("env_id", "source", "split", "variant")
 
 
 def _build_dtypes() -> dict[str, str]:
@@ -79,6 +80,7 @@ def _build_dtypes() -> dict[str, str]:
         "env_id": "string",
         "source": "string",
         "split": "string",
+        "variant": "string",
         "agent": "string",
         "model": "string",
         "backend": "string",
@@ -240,6 +242,7 @@ def run_row(path: str | Path, episodes: int | None = None) -> dict[str, Any] | N
         "env_id": spec.env_id,
         "source": spec.source,
         "split": spec.split,
+        "variant": spec.variant,
         "agent": spec.agent,
         "model": spec.model,
         "backend": spec.backend,

@@ -58,13 +58,13 @@ def plot_leaderboard(
 ) -> list[Path]:
     """Plot accuracy (95% CI error bars) against mean cost, one figure per group and meter.
 
-    One figure per (``env_id``/``source``/``split`` group, meter), saved as
-    ``<env>__<source>__<split>__<meter>.<fmt>`` in ``out_dir``. Log x axis (symmetric log when a
-    cost is 0); one marker and colour per agent (the same across figures, legend outside on the
-    right); the Pareto frontier of the group as a dashed step line; each point labelled with
-    its budget in the agent's colour, shortened to the values that vary (:func:`budget_texts`,
-    the title names them) and placed clear of other labels and markers
-    (:func:`place_point_labels`). Each file is written atomically (a link in its place is
+    One figure per (``env_id``/``source``/``split``/``variant`` group, meter), saved as
+    ``<env>__<source>__<split>__<variant>__<meter>.<fmt>`` in ``out_dir``. Log x axis
+    (symmetric log when a cost is 0); one marker and colour per agent (the same across
+    figures, legend outside on the right); the Pareto frontier of the group as a dashed step
+    line; each point labelled with its budget in the agent's colour, shortened to the values
+    that vary (:func:`budget_texts`, the title names them) and placed clear of other labels and
+    markers (:func:`place_point_labels`). Each file is written atomically (a link in its place is
     replaced, not followed). Returns the paths written.
     """
     import matplotlib
@@ -160,8 +160,7 @@ def _plot_one(
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel(f"{METER_LABELS.get(meter, meter)}, {scale}")
     ax.set_ylabel("accuracy (fraction correct, 95% Wilson CI)")
-    env_id, source, split = key
-    title = _plot_text(f"{env_id} · {source} · {split}") + f"\naccuracy vs {meter}"
+    title = _plot_text(" · ".join(map(str, key))) + f"\naccuracy vs {meter}"
     ax.grid(True, which="major", alpha=0.4)
     ax.grid(True, which="minor", alpha=0.15)
     handles, labels = ax.get_legend_handles_labels()

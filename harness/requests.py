@@ -163,6 +163,7 @@ class RunRequest:
     agent_options: dict[str, Any] = field(default_factory=dict)
     backend: BackendConfig = field(default_factory=BackendConfig)
     parallel: int = 8
+    variant: str | None = None
 
 
 def requests_from_suite(
@@ -242,6 +243,7 @@ def requests_from_suite(
                         agent_options=dict(entry.agent_options.get(agent, {})),
                         backend=backend,
                         parallel=parallel or entry.parallel or suite.parallel,
+                        variant=entry.variant,
                     )
                 )
     return requests

@@ -49,6 +49,21 @@ def _canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def variant_label(env_args: Mapping[str, Any]) -> str:
+    """The name of the task variant ``env_args`` pick: ``"default"`` when empty, else the
+    preset's name followed by the other settings (``"easy"``, ``"easy,max_depth=2"``,
+    ``"min_operators=7"``)."""
+    rest = sorted(
+        f"{key}={json.dumps(value, sort_keys=True, separators=(',', ':'))}"
+        if not isinstance(value, str)
+        else f"{key}={value}"
+        for key, value in env_args.items()
+        if key != "preset"
+    )
+    head = [str(env_args["preset"])] if "preset" in env_args else []
+    return ",".join(head + rest) or "default"
+
+
 def _format_budget_value(value: Any) -> str:
     if value is None:
         return "inf"
@@ -73,7 +88,9 @@ class RunSpec:
             folder names and plots; otherwise the label is built from the sorted items.
         seed: Run seed.
         n_episodes: Episodes the run is meant to have (``None``: not fixed).
-        extra: Free-form extra settings; part of the spec (and of the hash).
+        extra: Free-form extra settings; part of the spec (and of the hash). ``env_args``
+            (the env's keyword arguments) and ``variant`` (a name for them) set
+            :attr:`variant`.
     """
 
     env_id: str
@@ -127,6 +144,16 @@ class RunSpec:
     def spec_hash(self) -> str:
         """Eight hex digits of the SHA-256 of the whole spec (stable across processes)."""
         return hashlib.sha256(_canonical_json(self.to_dict()).encode("utf-8")).hexdigest()[:8]
+
+    @property
+    def variant(self) -> str:
+        """The task variant: ``extra["variant"]`` when named, else :func:`variant_label` of
+        ``extra["env_args"]``."""
+        named = self.extra.get("variant")
+        if named:
+            return str(named)
+        env_args = self.extra.get("env_args")
+        return variant_label(env_args if isinstance(env_args, Mapping) else {})
 
     @property
     def budget_label(self) -> str:

@@ -74,6 +74,9 @@ class RunEntry:
         backend: Backend name; ``None``: the suite's.
         model: Model id or path; ``None``: the suite's (else the backend's default).
         parallel: Episodes in flight; ``None``: the suite's.
+        variant: The name of this entry's task variant in the leaderboard's ``variant``
+            column; ``None``: built from ``env_args`` (the preset's name, then the other
+            settings).
     """
 
     env: str
@@ -89,6 +92,7 @@ class RunEntry:
     backend: str | None = None
     model: str | None = None
     parallel: int | None = None
+    variant: str | None = None
 
     def __post_init__(self) -> None:
         if not self.agents:

@@ -19,6 +19,12 @@ Presets (:meth:`ArithmeticConfig.preset`):
 * ``"medium"``: 2-4 operators, 1-2 digit operands, one pair of parentheses with probability 0.3.
 * ``"easy"``: 1-2 operators, single-digit operands, ``+`` and ``-`` only, no parentheses.
 * ``"tiny"``: ``a op b`` with single digits, ``+`` or ``-``.
+* ``"long-sum"``: sums of 16 single digits (15 ``+``), and ``"longer-sum"``: of 24 (its
+  out-of-distribution sibling). The delegation variants: each step is easy, but working the sum
+  out in one context (one running total per line) takes about 7.5 tokens per digit with the
+  default model's tokenizer (124 tokens for 16 digits, 206 for 24), more than a tight turn
+  cap allows, while splitting it among clones keeps every turn short (86 and 110 tokens for
+  two clones); ``python benchmarks/delegation_variants.py`` measures this.
 """
 
 from __future__ import annotations
@@ -199,6 +205,26 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "operator_weights": {"+": 1.0, "-": 1.0},
         "min_operators": 1,
         "max_operators": 1,
+        "min_operand_digits": 1,
+        "max_operand_digits": 1,
+        "paren_probability": 0.0,
+        "max_paren_pairs": 0,
+        "wide_span_probability": 0.0,
+    },
+    "long-sum": {
+        "operator_weights": {"+": 1.0},
+        "min_operators": 15,
+        "max_operators": 15,
+        "min_operand_digits": 1,
+        "max_operand_digits": 1,
+        "paren_probability": 0.0,
+        "max_paren_pairs": 0,
+        "wide_span_probability": 0.0,
+    },
+    "longer-sum": {
+        "operator_weights": {"+": 1.0},
+        "min_operators": 23,
+        "max_operators": 23,
         "min_operand_digits": 1,
         "max_operand_digits": 1,
         "paren_probability": 0.0,

@@ -67,3 +67,32 @@ def test_a_policy_returning_the_wrong_number_of_actions_is_reported():
 
     with pytest.raises(RuntimeError, match="exactly one per view"):
         list(run_episodes(make_env, Broken(), episode_specs([0]), progress=False))
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_delegator_with_leaf_steps_writes_the_running_totals_in_its_leaves(depth: int):
+    from selfcest_env.agents.scripted import ScriptedStepByStep
+
+    def long_sums():
+        env = gym.make("SelfCest-Math-v0", preset="long-sum", max_depth=depth, max_new_tokens=None)
+        return env.unwrapped
+
+    specs = episode_specs(range(4), 0)
+    plain, steps, alone = (
+        list(run_episodes(long_sums, policy, specs, parallel=4, keep_traces=True, progress=False))
+        for policy in (
+            ScriptedDelegator(parts=2),
+            ScriptedDelegator(parts=2, leaf_steps=True),
+            ScriptedStepByStep(),
+        )
+    )
+    for a, b, c in zip(plain, steps, alone):
+        assert a.correct and b.correct and c.correct
+        leaves = [ctx for ctx in b.trace["contexts"] if not ctx["turns"][0]["children"]]
+        assert len(leaves) == 2**depth
+        for leaf in leaves:  # 16 digits split in halves: 8 or 4 terms, one line per later term
+            lines = leaf["turns"][0]["text"].splitlines()
+            assert len(lines) == 16 // 2**depth and lines[-1].startswith("Answer: ")
+            assert all("=" in line for line in lines[:-1])
+        assert b.meters["gen_tokens"] > a.meters["gen_tokens"]
+        assert len(c.trace["contexts"]) == 1 and len(c.trace["contexts"][0]["turns"]) == 1

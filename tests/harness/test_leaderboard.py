@@ -146,6 +146,7 @@ def make_run(
     peak: int = 500,
     split: str = "test",
     model: str = "m",
+    extra: dict | None = None,
 ) -> None:
     """A run folder with ``n_correct`` of ``n`` episodes correct and constant meters."""
     spec = RunSpec(
@@ -158,6 +159,7 @@ def make_run(
         budget={"label": budget},
         seed=0,
         n_episodes=n,
+        extra=extra or {},
     )
     with RunFolder(root, spec) as run:
         for i in range(n):
@@ -257,11 +259,10 @@ def test_plots_are_written(runs: Path, tmp_path: Path) -> None:
     assert len(paths) == 2 * len(PARETO_METERS) * 2
     for path in paths:
         assert path.exists() and path.stat().st_size > 1000
-    png = out / f"SelfCest-Math-v0__arithmetic__test__{PARETO_METERS[0]}.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (out / "SelfCest-Math-v0__arithmetic__test__gen_tokens.svg").read_text().lstrip()[
-        :5
-    ] in ("<?xml", "<svg ")
+    stem = "SelfCest-Math-v0__arithmetic__test__default__"
+    assert (out / f"{stem}{PARETO_METERS[0]}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = (out / f"{stem}gen_tokens.svg").read_text().lstrip()
+    assert svg[:5] in ("<?xml", "<svg ")
 
 
 def test_plot_handles_zero_cost(tmp_path: Path) -> None:
@@ -327,3 +328,29 @@ def test_point_labels_overlap_neither_each_other_nor_markers() -> None:
         assert frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1)
         assert not any(box.overlaps(other) for other in boxes[i + 1 :] + markers)
     plt.close(fig)
+
+
+def test_variants_are_named_and_have_frontiers_of_their_own(tmp_path: Path) -> None:
+    from selfcest_env.harness.runspec import variant_label
+
+    assert variant_label({}) == "default"
+    assert variant_label({"preset": "easy"}) == "easy"
+    assert variant_label({"max_depth": 2, "preset": "easy"}) == "easy,max_depth=2"
+    assert variant_label({"operator_weights": {"+": 1}, "min_operators": 7}) == (
+        'min_operators=7,operator_weights={"+":1}'
+    )
+    root = tmp_path / "runs"
+    long_sums = {"env_args": {"min_operators": 11, "max_operators": 11}, "variant": "long-sum"}
+    make_run(root, "monolithic", "1k", 9, 10, gen=100, extra={"env_args": {"preset": "easy"}})
+    make_run(root, "clone_controller", "1k", 5, 10, gen=900, extra={"env_args": {"preset": "easy"}})
+    make_run(root, "monolithic", "4k", 1, 10, gen=100, extra=long_sums)
+    make_run(root, "clone_controller", "4k", 6, 10, gen=900, extra=long_sums)
+    df = build_leaderboard(root).set_index("agent")
+    assert sorted(df["variant"]) == ["easy", "easy", "long-sum", "long-sum"]
+    # the delegating agent is dominated on the easy variant but on the long-sum frontier
+    frontier = df.groupby("variant")["pareto_gen_tokens"].apply(lambda flags: flags.sum())
+    assert frontier.to_dict() == {"easy": 1, "long-sum": 2}
+    assert not df[df["variant"] == "easy"].loc["clone_controller", "pareto_gen_tokens"]
+    assert df[df["variant"] == "long-sum"].loc["clone_controller", "pareto_gen_tokens"]
+    paths = plot_leaderboard(build_leaderboard(root), tmp_path / "plots", formats=("svg",))
+    assert {p.name.split("__")[3] for p in paths} == {"easy", "long-sum"}

@@ -160,7 +160,9 @@ def test_arithmetic_wide_spans_and_parens_are_valid() -> None:
         assert inst.answer == str(_independent_eval(expr))
 
 
-@pytest.mark.parametrize("preset", ["tiny", "easy", "medium", "reference"])
+@pytest.mark.parametrize(
+    "preset", ["tiny", "easy", "medium", "reference", "long-sum", "longer-sum"]
+)
 def test_presets(preset: str) -> None:
     cfg = ArithmeticConfig.preset(preset)
     task = ArithmeticTask(preset=preset)
@@ -175,12 +177,20 @@ def test_presets(preset: str) -> None:
         assert inst.answer == str(_independent_eval(m["expression"]))
     if preset == "tiny":
         assert all(task.get("dev", i).metadata["operators"] == 1 for i in range(50))
-    if preset in ("tiny", "easy"):
+    if preset in ("tiny", "easy", "long-sum", "longer-sum"):
         assert all("(" not in task.get("dev", i).prompt for i in range(50))
+    if preset.endswith("-sum"):  # single digits, + only, a fixed length
+        digits = {"long-sum": 16, "longer-sum": 24}[preset]
+        for i in range(50):
+            expression = task.get("test", i).metadata["expression"]
+            terms = expression.replace(" ", "").split("+")
+            assert len(terms) == digits and all(len(t) == 1 and t != "0" for t in terms)
 
 
 def test_arithmetic_config_errors_and_overrides() -> None:
-    assert ArithmeticConfig.presets() == ("reference", "medium", "easy", "tiny")
+    assert ArithmeticConfig.presets() == (
+        "reference", "medium", "easy", "tiny", "long-sum", "longer-sum"
+    )  # fmt: skip
     with pytest.raises(ValueError, match="unknown arithmetic preset"):
         ArithmeticConfig.preset("hard")
     with pytest.raises(ValueError, match="unknown operators"):
