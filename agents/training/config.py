@@ -147,6 +147,11 @@ class ImitationSection:
     learning_rate: float = _help("AdamW learning rate", default=1e-3)
     micro_batch_size: int = _help("samples per optimiser step", default=32)
     parts: int = _help("clones per spawn of the scripted delegator", default=3)
+    leaf_steps: bool = _help(
+        "the scripted delegator's clones that cannot spawn write running totals before "
+        "answering (what a model clone has to learn) instead of answering at once",
+        default=False,
+    )
     step_by_step_share: float = _help(
         "share of the episodes solved in one context by the step-by-step script instead "
         "(the policy then has to learn by RL that delegating pays)",
@@ -162,6 +167,11 @@ class EvalSection:
     episodes: int = _help("episodes per split", default=32)
     splits: tuple[str, ...] = _help("splits to evaluate on", default=("dev", "test"))
     temperature: float = _help("sampling temperature of evaluation (0: greedy)", default=0.0)
+    variants: Mapping[str, Mapping[str, Any]] = _help(
+        "named env variants also evaluated on every split: the env arguments of each (in "
+        "place of env.args), e.g. {easy: {preset: easy}}; the training env is variant 'train'",
+        default_factory=dict,
+    )
 
 
 @dataclass(frozen=True)

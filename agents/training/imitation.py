@@ -55,10 +55,11 @@ def scripted_traces(
     parts: int,
     seed: int = 0,
     step_by_step_share: float = 0.0,
+    leaf_steps: bool = False,
 ) -> list[EpisodeTrace]:
     """Traces of ``episodes`` training episodes (instances ``0 .. episodes - 1``): the first
     ``round(step_by_step_share * episodes)`` played by ``ScriptedStepByStep``, the others by
-    ``ScriptedDelegator(parts)``.
+    ``ScriptedDelegator(parts, leaf_steps=leaf_steps)``.
 
     A delegated episode that ends wrong means the env's limits cut it (a turn or context longer
     than allowed): that is logged as a warning, since the policy would imitate the cut text.
@@ -67,7 +68,8 @@ def scripted_traces(
         raise ValueError(f"step_by_step_share must be in [0, 1], got {step_by_step_share}")
     alone = round(step_by_step_share * episodes)
     solved_alone = _play(make_env, ScriptedStepByStep(), range(alone), seed)
-    delegated = _play(make_env, ScriptedDelegator(parts=parts), range(alone, episodes), seed)
+    delegator = ScriptedDelegator(parts=parts, leaf_steps=leaf_steps)
+    delegated = _play(make_env, delegator, range(alone, episodes), seed)
     wrong = [result for result in delegated if not result.correct]
     if wrong:
         logger.warning(

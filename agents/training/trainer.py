@@ -24,10 +24,11 @@ finished run.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,7 @@ TRAIN_COLUMNS: tuple[str, ...] = (
     "reward_mean",
     "accuracy",
     "answered",
+    "spawn_rate",
     "samples",
     "root_samples",
     "trainable_tokens",
@@ -94,24 +96,29 @@ EVAL_COLUMNS: tuple[str, ...] = (
     "phase",
     "step",
     "split",
+    "variant",
     "episodes",
     "accuracy",
     "reward_mean",
     "answered",
+    "spawn_rate",
     "wall_s",
 )
 METER_COLUMNS: tuple[str, ...] = tuple(f"{name}_mean" for name in METER_NAMES)
 
 
 def episode_summary(results: Sequence[EpisodeResult]) -> dict[str, float]:
-    """Mean reward, accuracy, share answered and every meter's mean over ``results``, from
+    """Mean reward, accuracy, share answered, share that spawned at least one clone
+    (``spawn_rate``) and every meter's mean over ``results``, from
     :func:`~selfcest_env.episodes.compute_stats` (0 where there are no episodes)."""
     stats = compute_stats(result.to_record() for result in results)
+    spawned = sum(1 for result in results if result.meters.get("clones", 0) > 0)
     summary = {
         "episodes": float(stats["n"]),
         "reward_mean": stats["mean_reward"] or 0.0,
         "accuracy": stats["accuracy"] or 0.0,
         "answered": stats["end_reasons"].get(ANSWERED, 0) / max(1, stats["n"]),
+        "spawn_rate": spawned / max(1, stats["n"]),
     }
     for name in METER_NAMES:
         summary[f"{name}_mean"] = stats["meters"][name]["mean"] or 0.0
@@ -153,14 +160,17 @@ class GRPOTrainer:
                 )
         saved_path.write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
 
-    def make_env_factory(self, split: str, tokenizer: Any, **overrides: Any) -> Callable[[], Any]:
-        """Builds envs of the configured id and arguments on ``split``, counting with
-        ``tokenizer``; ``overrides`` replace env arguments (e.g. ``context_window=None``)."""
+    def make_env_factory(
+        self, split: str, tokenizer: Any, args: Mapping[str, Any] | None = None, **overrides: Any
+    ) -> Callable[[], Any]:
+        """Builds envs of the configured id and arguments (``args`` instead, when given: an
+        evaluation variant) on ``split``, counting with ``tokenizer``; ``overrides`` replace
+        single arguments (e.g. ``context_window=None``)."""
         import gymnasium as gym
 
         env = self.config.env
         kwargs = {
-            **env.args,
+            **(env.args if args is None else args),
             "max_depth": env.max_depth,
             "prompts": PromptConfig(**env.prompts),
             "split": split,
@@ -191,6 +201,7 @@ class GRPOTrainer:
             imitation.parts,
             self.config.seed,
             imitation.step_by_step_share,
+            imitation.leaf_steps,
         )
         tokenizer = train_chat_tokenizer(render_conversations(traces), section.tokenizer_vocab)
         tokenizer.save_pretrained(folder)
@@ -218,12 +229,14 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, phase: str, step: int) -> list[dict[str, Any]]:
-        """Play ``eval.episodes`` episodes of each eval split with the current policy; log and
-        return one row per split."""
+        """Play ``eval.episodes`` episodes of each eval split with the current policy, on the
+        training env (variant ``train``) and on each of ``eval.variants``; log and return one
+        row per split and variant."""
         assert self.policy is not None
         section = self.config.eval
         rows = []
-        for split in section.splits:
+        variants: dict[str, Mapping[str, Any] | None] = {"train": None, **section.variants}
+        for split, (variant, args) in itertools.product(section.splits, variants.items()):
             start = time.perf_counter()
             sampling = SamplingConfig(
                 temperature=section.temperature,
@@ -233,29 +246,41 @@ class GRPOTrainer:
             specs = [
                 EpisodeSpec(i, self.config.seed + i, {"index": i}) for i in range(section.episodes)
             ]
-            results = self._play(split, sampling, specs)
-            row = {"phase": phase, "step": step, "split": split, **episode_summary(results)}
+            results = self._play(split, sampling, specs, args)
+            row = {
+                "phase": phase,
+                "step": step,
+                "split": split,
+                "variant": variant,
+                **episode_summary(results),
+            }
             row["wall_s"] = time.perf_counter() - start
             self.eval_log.append(row)
             rows.append(row)
             logger.info(
-                "eval %s step %d %s: accuracy %.3f reward %.3f",
+                "eval %s step %d %s %s: accuracy %.3f reward %.3f spawn rate %.3f",
                 phase,
                 step,
                 split,
+                variant,
                 row["accuracy"],
                 row["reward_mean"],
+                row["spawn_rate"],
             )
         return rows
 
     def _play(
-        self, split: str, sampling: SamplingConfig, specs: Sequence[EpisodeSpec]
+        self,
+        split: str,
+        sampling: SamplingConfig,
+        specs: Sequence[EpisodeSpec],
+        args: Mapping[str, Any] | None = None,
     ) -> list[EpisodeResult]:
         assert self.policy is not None
         self.policy.model.eval()
         backend = self.policy.backend(self.config.rollout.batch_size)
         agent = CloneControllerAgent(backend, sampling, max_depth=self.config.env.max_depth)
-        make_env = self.make_env_factory(split, self.policy.tokenizer)
+        make_env = self.make_env_factory(split, self.policy.tokenizer, args)
         return list(
             run_episodes(
                 make_env,
@@ -353,6 +378,7 @@ class GRPOTrainer:
                 config.imitation.parts,
                 config.seed,
                 config.imitation.step_by_step_share,
+                config.imitation.leaf_steps,
             )
             samples = imitation_samples(traces, self.policy.tokenizer)
             imitate(

@@ -27,7 +27,9 @@ def _epilog() -> str:
         f"recipes (shipped in the package): {', '.join(recipe_names())}\n"
         "  laptop: a 2-layer width-128 model built from scratch, its own tokenizer, imitation\n"
         "          then GRPO on long digit sums (about 15 minutes on a laptop CPU)\n"
-        "  smollm2: LoRA on SmolLM2-135M-Instruct on the easy arithmetic preset\n\n"
+        "  smollm2: LoRA on SmolLM2-135M-Instruct on the easy arithmetic preset\n"
+        "  smollm2-delegate: LoRA on SmolLM2-135M-Instruct, imitation of both scripted kinds\n"
+        "          then GRPO on sums of 2-16 digits at a 96-token turn cap (when to delegate)\n\n"
         "examples:\n"
         "  selfcest train --recipe laptop\n"
         "  selfcest train --recipe smollm2 --out runs/my-run --set optim.steps=10\n"
@@ -88,8 +90,9 @@ def command(args: argparse.Namespace, terminal: Terminal) -> int:
         raise SettingsError(str(error)) from error
     lines = [f"{result.out}: {result.steps} steps; final weights in {result.final}"]
     lines += [
-        f"  {row['phase']:<9} step {row['step']:>4} {row['split']:<5} "
-        f"accuracy {float(row['accuracy']):.3f} reward {float(row['reward_mean']):.3f}"
+        f"  {row['phase']:<9} step {row['step']:>4} {row['split']:<5} {row['variant']:<10} "
+        f"accuracy {float(row['accuracy']):.3f} reward {float(row['reward_mean']):.3f} "
+        f"spawn rate {float(row['spawn_rate']):.3f}"
         for row in result.evaluations
     ]
     terminal.say(lines)

@@ -161,6 +161,41 @@ def test_trainer_runs_logs_checkpoints_and_resumes(tmp_path):
         GRPOTrainer(tiny_config(out, steps=3, **{"loss.kl_coef": 0.5})).run()
 
 
+def test_eval_variants_log_accuracy_and_spawn_rate_of_each(tmp_path):
+    """Every eval split is played on the training env and on each named variant (whose env
+    arguments replace the training ones); an imitation of delegation only shows in the spawn
+    rate, and a scripted delegator with leaf steps writes running totals in its clones."""
+    from selfcest_env.agents.training.imitation import scripted_traces
+
+    short = {"min_operators": 1, "max_operators": 1, "operator_weights": {"+": 1},
+             "min_operand_digits": 1, "max_operand_digits": 1, "paren_probability": 0.0,
+             "spaced": False, "context_window": 120}  # fmt: skip
+    variants = {"short": short, "same": tiny_config(tmp_path).env.args}
+    config = tiny_config(
+        tmp_path / "run",
+        steps=1,
+        **{"eval.variants": variants, "imitation.episodes": 80, "imitation.epochs": 3},
+    )
+    trainer = GRPOTrainer(config)
+    trainer.run()
+    rows = read_csv(tmp_path / "run" / EVAL_LOG)
+    assert [(r["phase"], r["variant"]) for r in rows[:3]] == [
+        ("init", "train"), ("init", "short"), ("init", "same")
+    ]  # fmt: skip
+    assert len(rows) == 3 * 3
+    for row in rows:
+        assert 0.0 <= float(row["spawn_rate"]) <= 1.0
+        spawned = float(row["clones_mean"]) > 0
+        assert (float(row["spawn_rate"]) > 0) == spawned
+    by_key = {(r["phase"], r["variant"]): r for r in rows}
+    assert by_key[("grpo", "train")]["accuracy"] == by_key[("grpo", "same")]["accuracy"]
+    assert float(read_csv(tmp_path / "run" / TRAIN_LOG)[0]["spawn_rate"]) >= 0.0
+    make_env = trainer.make_env_factory("train", None, context_window=None)
+    traces = scripted_traces(make_env, 4, parts=2, leaf_steps=True)
+    clones = [c for trace in traces for c in trace.contexts if c.parent is not None]
+    assert clones and all("=" in c.turns[0].text for c in clones)
+
+
 def test_a_resumed_step_replays_exactly(tmp_path):
     """A run cut after step 1 and resumed logs the same step 2 as an uncut run."""
     whole = tmp_path / "whole"
