@@ -139,6 +139,9 @@ def imitate(
                 losses.append(float(loss.detach()))
                 bar.update(1)
                 bar.set_postfix(loss=f"{losses[-1]:.3f}")
+                done, last = len(losses), losses[-1]
+                if done % max(1, total // 10) == 0:  # without a bar, the log shows it
+                    logger.info("imitation step %d of %d, loss %.3f", done, total, last)
     finally:
         bar.close()
         model.eval()
