@@ -57,6 +57,42 @@ class Job:
         return self.done < len(self.prompt)
 
 
+def sample_jobs(
+    jobs: Sequence[Job],
+    logits: Any,
+    *,
+    eos_ids: set[int],
+    stopped: Callable[[Job], bool],
+    raw_logprobs: bool,
+) -> tuple[Any, list[Job]]:
+    """Sample one token per job from its row of ``logits`` (one uniform draw from the job's
+    own generator) and record it; returns the tokens and the jobs that finished (a token of
+    ``eos_ids``, their ``cap``, or ``stopped(job)``)."""
+    import torch
+
+    uniforms = [
+        float(torch.rand((), dtype=torch.float64, generator=job.generator))
+        if job.temperature > 0
+        else 0.0
+        for job in jobs
+    ]
+    tokens, logprobs = sample_tokens(
+        logits,
+        [job.temperature for job in jobs],
+        [job.top_p for job in jobs],
+        uniforms,
+        raw_logprobs=raw_logprobs,
+    )
+    finished = []
+    for job, token, logprob in zip(jobs, tokens.tolist(), logprobs.tolist()):
+        job.tokens.append(token)
+        job.logprobs.append(logprob)
+        job.hit_eos = token in eos_ids
+        if job.hit_eos or len(job.tokens) >= job.cap or stopped(job):
+            finished.append(job)
+    return tokens, finished
+
+
 class Engine:
     """Runs :class:`Job` s to completion on ``decoder`` (see the module docstring).
 
@@ -201,30 +237,11 @@ class Engine:
             self.prefix_cache.store(job.prompt, cache, job.slot)
         if not wanting:
             return []
-        return self._sample(wanting, logits)
-
-    def _sample(self, jobs: list[Job], logits: Any) -> list[Job]:
-        """Sample one token per job from its logits row; returns the jobs that finished."""
-        import torch
-
-        uniforms = [
-            float(torch.rand((), dtype=torch.float64, generator=job.generator))
-            if job.temperature > 0
-            else 0.0
-            for job in jobs
-        ]
-        tokens, logprobs = sample_tokens(
+        _, finished = sample_jobs(
+            wanting,
             logits,
-            [job.temperature for job in jobs],
-            [job.top_p for job in jobs],
-            uniforms,
+            eos_ids=self.eos_ids,
+            stopped=self.stopped,
             raw_logprobs=self.raw_logprobs,
         )
-        finished = []
-        for job, token, logprob in zip(jobs, tokens.tolist(), logprobs.tolist()):
-            job.tokens.append(token)
-            job.logprobs.append(logprob)
-            job.hit_eos = token in self.eos_ids
-            if job.hit_eos or len(job.tokens) >= job.cap or self.stopped(job):
-                finished.append(job)
         return finished

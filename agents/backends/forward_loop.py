@@ -18,8 +18,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .engine import Job
-from .sampling import sample_tokens
+from .engine import Job, sample_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -98,10 +97,21 @@ class ForwardLoop:
         ended = [False] * len(live)
         positions = positions[:, -1:]
         while True:
-            tokens, ended = self._sample(live, ended, logits)
+            rows = [row for row, done in enumerate(ended) if not done]
+            sampled, finished = sample_jobs(
+                [live[row] for row in rows],
+                logits[rows],
+                eos_ids=self.eos_ids,
+                stopped=self.stopped,
+                raw_logprobs=self.raw_logprobs,
+            )
+            gone = {id(job) for job in finished}
+            ended = [done or id(job) in gone for job, done in zip(live, ended)]
             keep = [row for row, done in enumerate(ended) if not done]
             if not keep:
                 return
+            tokens = torch.full((len(live),), self.pad_id, dtype=torch.long, device=self.device)
+            tokens[rows] = sampled  # a finished row kept in the batch is fed padding, unread
             if len(keep) < len(live) and hasattr(cache, "batch_select_indices"):
                 index = torch.tensor(keep, device=self.device)
                 cache.batch_select_indices(index)
@@ -117,32 +127,3 @@ class ForwardLoop:
                 **{self.cache_keyword: cache},
             )
             logits, cache = output.logits[:, -1, :], _cache_of(output)
-
-    def _sample(self, jobs: list[Job], ended: list[bool], logits: Any) -> tuple[Any, list[bool]]:
-        """One token per row; recorded for the jobs not ``ended`` (a finished row kept in the
-        batch gets a greedy token that is dropped). Returns the tokens and which rows ended."""
-        import torch
-
-        temperatures = [0.0 if done else job.temperature for job, done in zip(jobs, ended)]
-        uniforms = [
-            float(torch.rand((), dtype=torch.float64, generator=job.generator))
-            if temperature > 0
-            else 0.0
-            for job, temperature in zip(jobs, temperatures)
-        ]
-        tokens, logprobs = sample_tokens(
-            logits,
-            temperatures,
-            [job.top_p for job in jobs],
-            uniforms,
-            raw_logprobs=self.raw_logprobs,
-        )
-        now_ended = []
-        for job, done, token, logprob in zip(jobs, ended, tokens.tolist(), logprobs.tolist()):
-            if not done:
-                job.tokens.append(token)
-                job.logprobs.append(logprob)
-                job.hit_eos = token in self.eos_ids
-                done = job.hit_eos or len(job.tokens) >= job.cap or self.stopped(job)
-            now_ended.append(done)
-        return tokens, now_ended
