@@ -139,13 +139,12 @@ class TransformersBackend(Backend):
         self.device = next(hf_model.parameters()).device
         self._eos_ids = self._collect_eos_ids()
         self._rng = random.Random()
-        self._max_positions = getattr(hf_model.config, "max_position_embeddings", None) or 2**31
-        self.prefix_cache = PrefixCache(PREFIX_BLOCK, 0)
         raw = logprobs_mode == "raw"
-        self.engine: Engine | ForwardLoop | None = None
-        if decoder != "forward":
-            self.engine = self._decode_engine(quantize, raw, decoder == "engine")
-        if self.engine is None:
+        self.engine: Engine | ForwardLoop | None
+        layers = None if decoder == "forward" else self._decoder(quantize, decoder == "engine")
+        if layers is None:
+            self._max_positions = getattr(hf_model.config, "max_position_embeddings", None) or 2**31
+            self.prefix_cache = PrefixCache(PREFIX_BLOCK, 0)
             pad = self.tokenizer.pad_token_id
             self.engine = ForwardLoop(
                 hf_model,
@@ -155,32 +154,32 @@ class TransformersBackend(Backend):
                 stopped=self._stopped,
                 raw_logprobs=raw,
             )
+        else:
+            self._max_positions = layers.max_positions
+            block_bytes = layers.kv_bytes_per_position * PREFIX_BLOCK
+            self.prefix_cache = PrefixCache(PREFIX_BLOCK, prefix_cache_mb * 2**20 // block_bytes)
+            self.engine = Engine(
+                layers,
+                self.prefix_cache,
+                slots=batch_size,
+                prefill_tokens=prefill_tokens,
+                block=ATTENTION_BLOCK,
+                kv_cache_bytes=kv_cache_mb * 2**20,
+                eos_ids=self._eos_ids,
+                stopped=self._stopped,
+                raw_logprobs=raw,
+            )
 
-    def _decode_engine(self, quantize: str | None, raw: bool, required: bool) -> Engine | None:
-        """The decode engine on this model, or ``None`` when it cannot run it and the engine
-        is not ``required`` (the forward loop runs it then)."""
-        config = self.config
+    def _decoder(self, quantize: str | None, required: bool) -> Decoder | None:
+        """The decode engine's view of the model, or ``None`` when the engine cannot run it,
+        is not ``required`` and no quantisation is asked for (the forward loop runs it then)."""
         try:
-            decoder = Decoder(self.model, quantize)
+            return Decoder(self.model, quantize)
         except ValueError as exc:
             if required or quantize is not None:
                 raise
             logger.info("the decode engine does not run this model (%s): forward loop", exc)
             return None
-        self._max_positions = decoder.max_positions
-        block_bytes = decoder.kv_bytes_per_position * PREFIX_BLOCK
-        self.prefix_cache = PrefixCache(PREFIX_BLOCK, config.prefix_cache_mb * 2**20 // block_bytes)
-        return Engine(
-            decoder,
-            self.prefix_cache,
-            slots=config.batch_size,
-            prefill_tokens=config.prefill_tokens,
-            block=ATTENTION_BLOCK,
-            kv_cache_bytes=config.kv_cache_mb * 2**20,
-            eos_ids=self._eos_ids,
-            stopped=self._stopped,
-            raw_logprobs=raw,
-        )
 
     def _collect_eos_ids(self) -> set[int]:
         ids: set[int] = set()
