@@ -22,7 +22,7 @@ Presets (:meth:`ArithmeticConfig.preset`):
 * ``"long-sum"``: sums of 16 single digits (15 ``+``), and ``"longer-sum"``: of 24 (its
   out-of-distribution sibling). The delegation variants: each step is easy, but working the sum
   out in one context (one running total per line) takes about 7.5 tokens per digit with the
-  default model's tokenizer (124 tokens for 16 digits, 206 for 24), more than a tight turn
+  default model's tokenizer (124 tokens for 16 digits, 202 for 24), more than a tight turn
   cap allows, while splitting it among clones keeps every turn short (86 and 110 tokens for
   two clones); ``python benchmarks/delegation_variants.py`` measures this.
 """
@@ -179,6 +179,20 @@ class ArithmeticConfig:
         return dataclasses.replace(self, **overrides)
 
 
+def _digit_sum(digits: int) -> dict[str, Any]:
+    """The settings of a sum of ``digits`` single digits, without parentheses."""
+    return {
+        "operator_weights": {"+": 1.0},
+        "min_operators": digits - 1,
+        "max_operators": digits - 1,
+        "min_operand_digits": 1,
+        "max_operand_digits": 1,
+        "paren_probability": 0.0,
+        "max_paren_pairs": 0,
+        "wide_span_probability": 0.0,
+    }
+
+
 _PRESETS: dict[str, dict[str, Any]] = {
     "reference": {},
     "medium": {
@@ -211,26 +225,8 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "max_paren_pairs": 0,
         "wide_span_probability": 0.0,
     },
-    "long-sum": {
-        "operator_weights": {"+": 1.0},
-        "min_operators": 15,
-        "max_operators": 15,
-        "min_operand_digits": 1,
-        "max_operand_digits": 1,
-        "paren_probability": 0.0,
-        "max_paren_pairs": 0,
-        "wide_span_probability": 0.0,
-    },
-    "longer-sum": {
-        "operator_weights": {"+": 1.0},
-        "min_operators": 23,
-        "max_operators": 23,
-        "min_operand_digits": 1,
-        "max_operand_digits": 1,
-        "paren_probability": 0.0,
-        "max_paren_pairs": 0,
-        "wide_span_probability": 0.0,
-    },
+    "long-sum": _digit_sum(16),
+    "longer-sum": _digit_sum(24),
 }
 
 
