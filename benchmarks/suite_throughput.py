@@ -18,11 +18,12 @@ is timed, as in ``selfcest suite``):
 
 Each line gives the episodes recorded, wall seconds, episodes per minute, the backend calls of
 the shared backend and their mean batch (the trained clone controller generates with its own
-model, not counted), and the ratios to the first and second lines. It also checks that the two
+model, not counted) and the ratio to the first line; the last lines give the ratios of the later
+plays to the first and (for the cross-run plays) to the second. It also checks that the two
 batch-8 plays on the engine wrote the same records (``episodes.jsonl`` but ``wall_time_s``).
 ``--episodes N`` plays N episodes in every run: with fewer than ``parallel`` the per-run
-schedule's batches shrink, which flatters the cross-run one;
-the suite's own counts are the fair measure.
+schedule's batches shrink, which flatters the cross-run one; the suite's own counts are the
+fair measure.
 
     python benchmarks/suite_throughput.py [--suite quick] [--episodes N] [--batch-size 64]
 """
@@ -125,14 +126,14 @@ def main() -> None:
             print(
                 f"  {timed.label:31} {timed.episodes:4d} episodes  {timed.wall_s:7.1f} s  "
                 f"{timed.per_minute:6.1f} episodes/min  {calls:5d} backend calls, mean batch "
-                f"{requested / max(calls, 1):5.1f}  {timed.per_minute / plays[0].per_minute:.2f}x "
-                f"(engine per-run: {timed.per_minute / plays[min(1, number)].per_minute:.2f}x)"
+                f"{requested / max(calls, 1):5.1f}  {timed.per_minute / plays[0].per_minute:.2f}x"
             )
         same = records(plays[1].out) == records(plays[2].out)
     print(f"batch-8 plays on the engine wrote the same records: {'yes' if same else 'NO'}")
-    for timed in plays[1:]:
-        ratio = timed.per_minute / plays[0].per_minute
-        print(f"{timed.label} / {plays[0].label}: {ratio:.2f}x episodes per minute")
+    for number, timed in enumerate(plays[1:], start=1):
+        for base in plays[: min(number, 2)]:
+            ratio = timed.per_minute / base.per_minute
+            print(f"{timed.label} / {base.label}: {ratio:.2f}x episodes per minute")
 
 
 if __name__ == "__main__":
