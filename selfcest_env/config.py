@@ -32,7 +32,9 @@ class EnvConfig:
             paragraphs themselves.
         reveal_answer: Put the gold answer into the final ``info`` (off, so that agents cannot
             read labels by accident).
-        max_prompt_chars: Upper bound of the prompt text space.
+        max_prompt_chars: Upper bound of the prompt and action text spaces (characters; a
+            million by default, far above what a model's window holds). ``AsyncVectorEnv``'s
+            shared memory reserves 4 bytes per character per env.
         grade_timeout_s: Seconds the task's grader may take before the answer scores 0 with the
             reason in ``info["grade_error"]`` (``None``: no limit); see
             :mod:`selfcest_env.safe_grading`. Generous by default: the math grader's first call
@@ -45,7 +47,7 @@ class EnvConfig:
     split: str = "test"
     root_view: RootView = "keys"
     reveal_answer: bool = False
-    max_prompt_chars: int = 1 << 26
+    max_prompt_chars: int = 1 << 20
     grade_timeout_s: float | None = 300.0
 
     def __post_init__(self) -> None:
