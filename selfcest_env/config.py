@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from selfcest_env.budget import Limits
+from selfcest_env.configfile import from_mapping
 from selfcest_env.prompts import PromptConfig
 from selfcest_env.reward import RewardConfig
 from selfcest_env.tasks.base import check_split
@@ -71,10 +72,14 @@ def split_env_kwargs(
     """Route keyword arguments to :class:`EnvConfig`, :class:`Limits` or the task source.
 
     ``gym.make("SelfCest-Math-v0", max_depth=2, split="dev", preset="easy")`` sets a limit,
-    a config field and a source argument in one call.
+    a config field and a source argument in one call. ``reward`` may be a mapping of
+    :class:`~selfcest_env.reward.RewardConfig`'s fields (``{"tool_call_coef": 0.1,
+    "root_penalty": {"threshold": 64, "ramp": 64, "maximum": 0.3}}``), as config files write it.
     """
     config = config or EnvConfig()
     config_updates = {k: v for k, v in kwargs.items() if k in _CONFIG_FIELDS}
+    if isinstance(config_updates.get("reward"), Mapping):  # from a config file or the CLI
+        config_updates["reward"] = from_mapping(RewardConfig, config_updates["reward"], "reward")
     limit_updates = {k: v for k, v in kwargs.items() if k in _LIMIT_FIELDS}
     source_kwargs = {
         k: v for k, v in kwargs.items() if k not in _CONFIG_FIELDS and k not in _LIMIT_FIELDS

@@ -247,3 +247,38 @@ def test_sync_vector_env_over_four_envs():
     assert all(f is not None and f[1] for f in finished)
     assert len(set(obs["prompt"])) == 4
     envs.close()
+
+
+def test_reward_constants_can_come_as_a_mapping_from_a_config_file():
+    env = gym.make(
+        "SelfCest-Math-v0",
+        preset="easy",
+        reward={
+            "tool_call_coef": 0.1,
+            "free_tool_calls": 0,
+            "root_penalty": {"threshold": 256, "ramp": 16, "maximum": 0.3},
+        },
+    ).unwrapped
+    assert env.reward_config.tool_call_coef == 0.1
+    assert env.reward_config.free_tool_calls == 0
+    assert env.reward_config.root_penalty.threshold == 256
+    assert env.reward_config.clone_penalty.threshold == 512  # the default stays
+    # One spawn call costs 0.1 even when the episode is right; solving alone costs nothing.
+    _, reward, _, _, info = play(env, ScriptedDelegator(parts=2), seed=0)
+    assert info["correct"] and info["meters"]["clones"] == 2
+    assert reward == pytest.approx(0.9, abs=1e-9)
+    _, reward, _, _, info = play(env, ScriptedMonolithic(), seed=0)
+    assert info["correct"] and reward == 1.0
+
+
+@pytest.mark.parametrize(
+    ("reward", "message"),
+    [
+        ({"tool_call": 0.1}, "unknown key 'tool_call' in reward"),
+        ({"root_penalty": {"threshold": 8}}, "reward.root_penalty: missing key 'ramp'"),
+        ({"penalty_cap": "high"}, "reward.penalty_cap"),
+    ],
+)
+def test_a_bad_reward_mapping_is_a_one_line_error(reward, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        gym.make("SelfCest-Math-v0", reward=reward)
