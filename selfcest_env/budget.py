@@ -84,7 +84,8 @@ class Ledger:
         tool_errors: Rejected tool calls and rejected clones (limits, malformed calls).
         tool_repairs: Repairs applied to malformed tool calls.
         missing_context_keys: Requested context keys that do not exist.
-        truncated_turns: Turns cut to the tokens they were allowed.
+        truncated_turns: Turns cut to the tokens they were allowed, or stopped by the backend
+            at its token cap (``Turn.truncated``).
     """
 
     gen_tokens: int = 0

@@ -134,11 +134,16 @@ class Return:
 
 @dataclass(frozen=True)
 class Turn:
-    """A raw model turn with, optionally, the sampled token ids and their logprobs."""
+    """A raw model turn with, optionally, the sampled token ids and their logprobs.
+
+    ``truncated``: the backend stopped it at its token cap before the model ended it
+    (``finish_reason == "length"``); the env counts it as a truncated turn, as one it cut itself.
+    """
 
     text: str
     token_ids: Sequence[int] | None = None
     logprobs: Sequence[float] | None = None
+    truncated: bool = False
 
 
 Action = str | Turn | Spawn | Return
@@ -183,8 +188,9 @@ class TurnInput:
     token_ids: tuple[int, ...] | None
     logprobs: tuple[float, ...] | None
     parsed: ParsedTurn | None = field(default=None)
-    #: Whether :func:`~selfcest_env.turns.clip_action` cut what the action carried (the turn
-    #: counts as truncated).
+    #: Whether the turn was cut before the env charged it: by
+    #: :func:`~selfcest_env.turns.clip_action`, or by the backend at its token cap
+    #: (``Turn.truncated``). The turn counts as truncated.
     clipped: bool = False
 
 
@@ -217,7 +223,8 @@ def to_turn_input(action: Action) -> TurnInput:
             )
             logprobs = None
         if isinstance(action, Turn):
-            return TurnInput(clean_text(action.text or ""), token_ids, logprobs)
+            text = clean_text(action.text or "")
+            return TurnInput(text, token_ids, logprobs, clipped=action.truncated is True)
         text = clean_text(action.text if action.text is not None else action.to_text())
         if isinstance(action, Return):
             answer = clean_text("" if action.answer is None else str(action.answer))

@@ -137,7 +137,8 @@ def bounded_turn(
         max_chars = min(max_chars, chars_per_token(counter) * (tokens + 1))
     max_ids = None if allowance is None else allowance + 1
     action, clipped = clip_action(action, max_chars, max_ids)
-    return replace(to_turn_input(action), clipped=clipped)
+    turn = to_turn_input(action)
+    return replace(turn, clipped=clipped or turn.clipped)
 
 
 def valid_ids(token_ids: tuple[int, ...], counter: TokenCounter) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 
-from selfcest_env.agents.backends.base import MeteredBackend
+from selfcest_env.agents.backends.base import Backend, MeteredBackend
 from selfcest_env.agents.base import SamplingConfig, clone_answers
 from selfcest_env.agents.clone_controller import CloneControllerAgent
 from selfcest_env.agents.monolithic import MonolithicAgent
@@ -73,3 +73,31 @@ def test_vote_and_clone_answer_parsing():
     assert vote(["x", "y"]) == "x" and vote([None]) == ""
     assert parse_value("I'd say 7/10") == 7.0 and parse_value("99") == 10.0
     assert parse_value("no idea") == 0.0
+
+
+class CapCounter(Backend):
+    """The real backend, counting the results it stopped at their token cap."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name = inner.name
+        self.tokenizer = inner.tokenizer
+        self.cut = 0
+
+    def generate(self, requests):
+        results = self.inner.generate(requests)
+        self.cut += sum(r.finish_reason == "length" for r in results)
+        return results
+
+
+@pytest.mark.slow
+def test_every_turn_stopped_at_the_cap_is_counted_truncated(backend):
+    counting = CapCounter(backend)
+    agent = MonolithicAgent(counting, SamplingConfig(temperature=0.0, max_new_tokens=12))
+
+    def make_env():
+        return gym.make("SelfCest-Math-v0", preset="easy", tokenizer=backend.tokenizer).unwrapped
+
+    results = list(run_episodes(make_env, agent, episode_specs(range(8)), progress=False))
+    truncated = sum(r.meters["truncated_turns"] for r in results)
+    assert truncated == counting.cut > 0  # 12 tokens: the model rambles past the cap

@@ -223,3 +223,21 @@ def test_a_clipped_structured_turn_counts_as_truncated() -> None:
     assert turn["truncated"] and turn["gen_tokens"] == 0
     clone = env.trace()["contexts"][1]
     assert len(clone["objective"]) < PER_TOKEN * 301
+
+
+@pytest.mark.parametrize(
+    ("action", "truncated"),
+    [
+        (Turn("Answer: 7", truncated=True), True),  # the backend stopped it at its cap
+        (Turn("Answer: 7", token_ids=[1, 2, 3], truncated=True), True),
+        (Turn("Answer: 7"), False),
+        ("Answer: 7", False),
+        (Return("7"), False),
+    ],
+)
+def test_a_turn_the_backend_cut_counts_as_truncated(action, truncated) -> None:
+    env = SelfCestEnv(TASKS, EnvConfig())
+    env.reset(seed=0, options={"index": 0})
+    *_, info = env.step(action)
+    assert env.trace()["contexts"][0]["turns"][0]["truncated"] is truncated
+    assert info["meters"]["truncated_turns"] == int(truncated)
