@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from selfcest_env.env import END_REASONS
 from selfcest_env.episodes import (
     COST_METERS,
     METERS,
@@ -89,6 +90,9 @@ def _build_dtypes() -> dict[str, str]:
         "n": "int64",
         "n_correct": "int64",
         "n_failed": "int64",
+        "answered_rate": "float64",
+        "truncated_rate": "float64",
+        **{f"end_{reason}": "int64" for reason in END_REASONS},
         "accuracy": "float64",
         "acc_ci_low": "float64",
         "acc_ci_high": "float64",
@@ -110,6 +114,11 @@ def _build_dtypes() -> dict[str, str]:
 #:   ``backend``, ``budget`` (the budget label): ``string``;
 #: * ``seed``, ``n`` (episodes), ``n_correct``, ``n_failed`` (episodes whose end reason is not
 #:   ``"answered"``): ``int64``;
+#: * censoring, next to accuracy: ``answered_rate`` (share of episodes whose root answered with
+#:   a non-empty answer; a run far under 1 is scored mostly on the answers it never gave),
+#:   ``truncated_rate`` (share of episodes in which a limit cut at least one turn):
+#:   ``float64``; ``end_<reason>`` (episodes per end reason, every one of
+#:   :data:`~selfcest_env.env.END_REASONS`): ``int64``;
 #: * ``accuracy`` (fraction correct), ``acc_ci_low`` / ``acc_ci_high`` (95% Wilson interval),
 #:   ``mean_score``, ``mean_reward``: ``float64``;
 #: * ``<meter>_mean`` / ``<meter>_p50`` / ``<meter>_p95`` for every meter in
@@ -251,6 +260,10 @@ def run_row(path: str | Path, episodes: int | None = None) -> dict[str, Any] | N
     }
     for key in _STATS_COLUMNS:
         row[key] = stats[key]
+    row["answered_rate"] = stats["n_answered"] / n
+    row["truncated_rate"] = stats["n_truncated"] / n
+    for reason in END_REASONS:
+        row[f"end_{reason}"] = stats["end_reasons"].get(reason, 0)
     for meter in METERS:
         summary = stats["meters"][meter]
         for statistic in ("mean", "p50", "p95"):

@@ -1,5 +1,5 @@
 """Plots of a leaderboard: accuracy with its interval against each cost meter, the frontier
-drawn, every point labelled with its budget.
+drawn, every point labelled with its budget, runs that left answers unwritten ringed.
 
 Requires the ``leaderboard`` extra (pandas, matplotlib).
 """
@@ -42,6 +42,10 @@ METER_LABELS: dict[str, str] = {
 }
 
 
+#: Runs whose ``answered_rate`` is under this are ringed in red: their accuracy is mostly
+#: about answers never given (a budget or limit cut them), not wrong answers.
+ANSWERED_WARNING = 0.9
+
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
 
 
@@ -64,7 +68,8 @@ def plot_leaderboard(
     figures, legend outside on the right); the Pareto frontier of the group as a dashed step
     line; each point labelled with its budget in the agent's colour, shortened to the values
     that vary (:func:`budget_texts`, the title names them) and placed clear of other labels and
-    markers (:func:`place_point_labels`). Each file is written atomically (a link in its place is
+    markers (:func:`place_point_labels`); runs under :data:`ANSWERED_WARNING` answered ringed
+    in red. Each file is written atomically (a link in its place is
     replaced, not followed). Returns the paths written.
     """
     import matplotlib
@@ -130,6 +135,18 @@ def _plot_one(
             label=_plot_text(str(agent)),
             zorder=3,
         )
+    censored = group[group["answered_rate"].astype(float) < ANSWERED_WARNING]
+    if len(censored):
+        ax.scatter(
+            censored[col].astype(float),
+            censored["accuracy"].astype(float),
+            s=260,
+            facecolors="none",
+            edgecolors="red",
+            linewidths=1.4,
+            label=f"under {ANSWERED_WARNING:.0%} answered",
+            zorder=4,
+        )
     flags = [bool(f) for f in pareto_flags(costs.tolist(), group["accuracy"].astype(float))]
     front = group[flags].sort_values(col)
     if len(front):
@@ -164,7 +181,8 @@ def _plot_one(
     ax.grid(True, which="major", alpha=0.4)
     ax.grid(True, which="minor", alpha=0.15)
     handles, labels = ax.get_legend_handles_labels()
-    order = sorted(range(len(labels)), key=lambda i: labels[i] == "Pareto frontier")
+    notes = ("Pareto frontier", f"under {ANSWERED_WARNING:.0%} answered")
+    order = sorted(range(len(labels)), key=lambda i: labels[i] in notes)
     ax.legend(
         [handles[i] for i in order],
         [labels[i] for i in order],

@@ -300,7 +300,9 @@ def compute_stats(
     with ``limit``, of episodes ``0 .. limit - 1`` only (:func:`first_episodes`).
 
     Keys: ``n``, ``n_correct``, ``accuracy`` (``None`` when ``n == 0``), ``acc_ci_low`` /
-    ``acc_ci_high`` (95% Wilson), ``mean_score``, ``mean_reward``, ``meters`` (per meter in
+    ``acc_ci_high`` (95% Wilson), ``mean_score``, ``mean_reward``, ``n_answered`` (episodes whose
+    root answered, with a non-empty answer), ``n_truncated`` (episodes in which a limit cut at
+    least one turn), ``meters`` (per meter in
     :data:`METERS` plus any extra meters present in every episode: ``mean``, ``p50``, ``p95``,
     ``sum``), ``end_reasons`` (counts of every end reason), ``failures`` (counts of the end
     reasons other than ``"answered"``), ``n_failed``, ``wall_time_s`` (sum of episode wall
@@ -339,6 +341,8 @@ def compute_stats(
         "acc_ci_high": high,
         "mean_score": sum(e["score"] for e in eps) / n if n else None,
         "mean_reward": sum(e["reward"] for e in eps) / n if n else None,
+        "n_answered": sum(1 for e in eps if e["end_reason"] == ANSWERED and e["answer"].strip()),
+        "n_truncated": sum(1 for e in eps if e["meters"]["truncated_turns"] > 0),
         "meters": meters,
         "end_reasons": dict(sorted(reasons.items())),
         "failures": failures,

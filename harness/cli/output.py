@@ -91,13 +91,21 @@ class Terminal:
         )
 
     def report_leaderboard(self, df: Any, out: Path) -> None:
-        """The leaderboard's path and a compact table of it."""
+        """The leaderboard's path and a compact table of it: per run its variant, agent,
+        budget, episodes, accuracy with its interval, and the censoring next to it (answered
+        and truncated shares), mean generated tokens."""
         lines = [f"{out}: {len(df)} runs"]
         if len(df):
-            cols = ["env_id", "agent", "budget", "n", "accuracy", "gen_tokens_mean"]
-            shown = df[cols].copy()
-            for col in ("env_id", "agent", "budget"):  # text from run folders: one line a cell
+            shown = df[["env_id", "variant", "agent", "budget", "n"]].copy()
+            for col in ("env_id", "variant", "agent", "budget"):  # text from run folders
                 shown[col] = shown[col].map(printable)
+            shown["accuracy (95% CI)"] = [
+                f"{a:.2f} ({low:.2f}-{high:.2f})"
+                for a, low, high in zip(df["accuracy"], df["acc_ci_low"], df["acc_ci_high"])
+            ]
+            shown["answered"] = df["answered_rate"].map("{:.0%}".format)
+            shown["truncated"] = df["truncated_rate"].map("{:.0%}".format)
+            shown["gen tokens"] = df["gen_tokens_mean"].map("{:.1f}".format)
             lines += shown.to_string(index=False).splitlines()
         self.say(lines)
 

@@ -354,3 +354,65 @@ def test_variants_are_named_and_have_frontiers_of_their_own(tmp_path: Path) -> N
     assert df[df["variant"] == "long-sum"].loc["clone_controller", "pareto_gen_tokens"]
     paths = plot_leaderboard(build_leaderboard(root), tmp_path / "plots", formats=("svg",))
     assert {p.name.split("__")[3] for p in paths} == {"easy", "long-sum"}
+
+
+def make_censored_run(root: Path, agent: str, episodes: list[tuple[str, str, int]]) -> None:
+    """A run whose episodes have the given ``(end_reason, answer, truncated_turns)``."""
+    spec = RunSpec(
+        env_id="SelfCest-Math-v0",
+        source="arithmetic",
+        split="test",
+        agent=agent,
+        model="m",
+        backend="transformers",
+        budget={"label": "1k"},
+        seed=0,
+        n_episodes=len(episodes),
+    )
+    with RunFolder(root, spec) as run:
+        for i, (reason, answer, truncated) in enumerate(episodes):
+            record = _episode(i, reason == "answered" and answer == "7", 100, 100, 300)
+            record.update(end_reason=reason, answer=answer)
+            record["meters"]["truncated_turns"] = truncated
+            run.append_episode(record)
+        run.write_stats()
+
+
+def test_censoring_columns_sit_next_to_accuracy(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    make_censored_run(
+        root,
+        "cut",
+        [
+            ("answered", "7", 0),
+            ("answered", "  ", 1),  # ended, but its answer is blank: not answered
+            ("gen_budget", "", 2),
+            ("gen_budget", "", 1),
+            ("turn_limit", "", 0),
+            ("context_limit", "", 3),
+            ("backend_error", "", 0),
+            ("answered", "8", 1),  # answered (wrong) after a cut turn
+        ],
+    )
+    make_censored_run(root, "clean", [("answered", "7", 0)] * 4)
+    rows = {r["agent"]: r for r in build_leaderboard_rows(root)}
+    cut = rows["cut"]
+    assert cut["answered_rate"] == pytest.approx(2 / 8)
+    assert cut["truncated_rate"] == pytest.approx(5 / 8)
+    assert (cut["end_answered"], cut["end_gen_budget"], cut["end_turn_limit"]) == (3, 2, 1)
+    assert (cut["end_context_limit"], cut["end_backend_error"]) == (1, 1)
+    assert cut["n_failed"] == 5 and cut["accuracy"] == pytest.approx(1 / 8)
+    clean = rows["clean"]
+    assert clean["answered_rate"] == 1.0 and clean["truncated_rate"] == 0.0
+    assert clean["end_answered"] == 4 and clean["end_gen_budget"] == 0
+    # Plots ring the run under 90% answered, and only that one.
+    out = tmp_path / "plots"
+    plot_leaderboard(build_leaderboard(root), out, meters=("gen_tokens",), formats=("svg",))
+    assert "under 90% answered" in next(out.glob("*.svg")).read_text()
+    (tmp_path / "clean").mkdir()
+    make_censored_run(tmp_path / "clean", "clean", [("answered", "7", 0)] * 4)
+    clean_out = tmp_path / "clean_plots"
+    plot_leaderboard(
+        build_leaderboard(tmp_path / "clean"), clean_out, meters=("gen_tokens",), formats=("svg",)
+    )
+    assert "under 90% answered" not in next(clean_out.glob("*.svg")).read_text()
