@@ -105,17 +105,26 @@ def collate(
     )
 
 
-def token_logprobs(model: Any, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+def token_logprobs(
+    model: Any, batch: Batch, temperature: float = 1.0, bf16: bool = False
+) -> torch.Tensor:
     """``[B, T - 1]`` log-probability of each next token under ``softmax(logits / temperature)``
-    (positions before ``batch.first_scored`` are 0: no logits are computed for them)."""
+    (positions before ``batch.first_scored`` are 0: no logits are computed for them).
+
+    ``bf16`` runs the model under ``torch.autocast`` in bfloat16 on its device (weights stay
+    fp32; the log-softmax is taken in fp32): faster where the hardware has bfloat16 matrix
+    units (CUDA, CPUs with AVX512-BF16 or AMX), at bfloat16's rounding of the logprobs.
+    """
     width = batch.input_ids.shape[1]
     keep = width - batch.first_scored
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        use_cache=False,
-        logits_to_keep=keep,
-    )
+    device_type = batch.input_ids.device.type
+    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+        out = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            use_cache=False,
+            logits_to_keep=keep,
+        )
     logits = out.logits[:, -keep:][:, :-1].float()  # position t scores token t + 1
     if temperature != 1.0:
         logits = logits / temperature

@@ -10,7 +10,8 @@ out choosing between solving alone and delegating, and reinforcement learning ha
 which one pays. Each context becomes a teacher-forced sample
 (:func:`~selfcest_env.agents.training.samples.trace_samples` with ``teacher_forcing=True``) and
 the policy minimises the negative log-likelihood of the scripted turns (prompts and tool
-messages masked out), with AdamW and a learning rate decaying linearly to 0.
+messages masked out), with AdamW and a learning rate decaying linearly to 0, optionally in
+batches of samples of similar length (``imitation.group_by_length``: less padding computed).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from selfcest_env.rollout import episode_specs, run_episodes
 from selfcest_env.trace import EpisodeTrace, as_episode_trace
 
 logger = logging.getLogger(__name__)
+
+LENGTH_WINDOW = 16
+"""Batches whose samples are sorted by length together (see :func:`length_grouped_batches`)."""
 
 
 def _play(
@@ -95,6 +99,29 @@ def imitation_samples(
     ]
 
 
+def length_grouped_batches(
+    lengths: Sequence[int], size: int, rng: random.Random, window: int = LENGTH_WINDOW
+) -> list[list[int]]:
+    """One epoch's batches of sample indices: a random order, sorted by length within windows
+    of ``window`` batches, cut into batches of ``size``, the batches shuffled (``window`` 1:
+    consecutive batches of the random order).
+
+    Batches hold samples of similar length (little padding: every row is computed to the
+    batch's longest) while each window and the order of the batches stay random.
+    """
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    if window <= 1:  # plain random batches
+        return [order[i : i + size] for i in range(0, len(order), size)]
+    span = size * window
+    batches: list[list[int]] = []
+    for start in range(0, len(order), span):
+        part = sorted(order[start : start + span], key=lambda i: lengths[i])
+        batches.extend(part[i : i + size] for i in range(0, len(part), size))
+    rng.shuffle(batches)
+    return batches
+
+
 def imitate(
     model: Any,
     samples: Sequence[Sample],
@@ -102,11 +129,14 @@ def imitate(
     pad_id: int,
     seed: int = 0,
     progress: bool = True,
+    bf16: bool = False,
 ) -> list[float]:
     """Train ``model``'s trainable weights on ``samples``; returns the loss of every step.
 
-    One optimiser step per ``section.micro_batch_size`` samples, ``section.epochs`` passes in a
-    seeded random order, loss averaged over the batch's target tokens.
+    One optimiser step per batch of up to ``section.micro_batch_size`` samples (of similar
+    length with ``section.group_by_length``, see :func:`length_grouped_batches`),
+    ``section.epochs`` passes in a seeded random order, loss averaged over the batch's target
+    tokens; ``bf16`` as in :func:`~selfcest_env.agents.training.grpo.token_logprobs`.
     """
     if not samples:
         raise ValueError("no imitation samples: did the scripted episodes produce any turns?")
@@ -117,19 +147,21 @@ def imitate(
     total = per_epoch * section.epochs
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / total)
     device = next(model.parameters()).device
-    order = list(range(len(samples)))
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     rng = random.Random(seed)
     losses: list[float] = []
     model.train()
     bar = tqdm(total=total, desc="imitation", unit="step", disable=not progress)
     try:
         for _ in range(section.epochs):
-            rng.shuffle(order)
-            for start in range(0, len(order), size):
-                chunk = [samples[i] for i in order[start : start + size]]
+            window = LENGTH_WINDOW if section.group_by_length else 1
+            for indices in length_grouped_batches(lengths, size, rng, window):
+                chunk = [samples[i] for i in indices]
                 batch = collate(chunk, pad_id=pad_id).to(device)
                 loss = nll_loss(
-                    token_logprobs(model, batch), batch, loss_denominator(chunk, "token-mean")
+                    token_logprobs(model, batch, bf16=bf16),
+                    batch,
+                    loss_denominator(chunk, "token-mean"),
                 )
                 optimizer.zero_grad()
                 loss.backward()

@@ -118,14 +118,16 @@ class Policy:
                 parameter.requires_grad_(False)
 
     @torch.no_grad()
-    def reference_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
+    def reference_logprobs(
+        self, batch: Batch, temperature: float, bf16: bool = False
+    ) -> torch.Tensor:
         """Token logprobs of the frozen reference (see :func:`token_logprobs`)."""
         if self.lora:
             with self.model.disable_adapter():
-                return token_logprobs(self.model, batch, temperature)
+                return token_logprobs(self.model, batch, temperature, bf16)
         if self._reference is None:
             raise RuntimeError("call freeze_reference() before asking for reference logprobs")
-        return token_logprobs(self._reference, batch, temperature)
+        return token_logprobs(self._reference, batch, temperature, bf16)
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """The trainable weights by name (what a checkpoint holds)."""

@@ -388,6 +388,7 @@ class GRPOTrainer:
                 self.policy.tokenizer.pad_token_id or 0,
                 config.seed,
                 config.progress,
+                config.model.bf16,
             )
             self.evaluate("imitation", 0)
         self._save_checkpoint(0)

@@ -70,6 +70,7 @@ def grpo_update(
     model = policy.model
     model.train()
     temperature = config.rollout.temperature
+    bf16 = config.model.bf16
     pad_id = policy.tokenizer.pad_token_id or 0
     for chunk in (c for c in chunks if c):
         chunk.sort(key=lambda pair: len(pair[0].prompt_ids) + len(pair[0].response_ids))
@@ -82,9 +83,11 @@ def grpo_update(
             batch = batch.to(policy.device)
             stats.sequence_tokens += int(batch.attention_mask.sum())
             reference = (
-                policy.reference_logprobs(batch, temperature) if config.loss.kl_coef > 0 else None
+                policy.reference_logprobs(batch, temperature, bf16)
+                if config.loss.kl_coef > 0
+                else None
             )
-            logprobs = token_logprobs(model, batch, temperature)
+            logprobs = token_logprobs(model, batch, temperature, bf16)
             loss, micro_stats = grpo_loss(logprobs, batch, config.loss, denominator, reference)
             loss.backward()
             stats.add(micro_stats)

@@ -157,3 +157,18 @@ def test_aggregations_and_denominators():
     assert float(nll_loss(torch.full_like(logprobs, -2.0), batch, 5)) == pytest.approx(2.0)
     with pytest.raises(ValueError, match="aggregation"):
         LossConfig(aggregation="sum")
+
+
+def test_bf16_autocast_logprobs_stay_close_to_fp32_and_carry_gradients(tiny_model):
+    samples = [sample([3, 4, 5, 6], [7, 8, 9], [1, 1, 1]), sample([3, 4], [10, 11], [1, 1])]
+    batch = collate(samples, pad_id=0)
+    exact = token_logprobs(tiny_model, batch, temperature=0.7)
+    fast = token_logprobs(tiny_model, batch, temperature=0.7, bf16=True)
+    assert fast.dtype == torch.float32
+    scored = batch.mask > 0
+    assert torch.allclose(fast[scored], exact[scored], atol=0.05)
+    fast[scored].sum().backward()
+    grads = [p.grad for p in tiny_model.parameters() if p.grad is not None]
+    assert grads and all(g.dtype == torch.float32 for g in grads)
+    assert any(float(g.abs().sum()) > 0 for g in grads)
+    tiny_model.zero_grad()
