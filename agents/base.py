@@ -198,14 +198,17 @@ def generate_turns(
 
 def _turn(result: GenerationResult) -> Turn:
     """The turn of a successful result, marked truncated when the backend stopped it at its
-    token cap. A backend that knows no token ids (an HTTP server without a local tokenizer)
-    returns none: the env then counts the text with its counter instead of charging zero
-    tokens."""
+    token cap, with the usage the backend reported. A backend that knows no token ids (an HTTP
+    server without a local tokenizer) returns none: the env then counts the text with its
+    counter instead of charging zero tokens."""
     truncated = result.finish_reason == "length"
-    if not result.token_ids:
-        return Turn(result.text, truncated=truncated)
+    ids = result.token_ids or None
     return Turn(
-        result.text, token_ids=result.token_ids, logprobs=result.logprobs, truncated=truncated
+        result.text,
+        token_ids=ids,
+        logprobs=result.logprobs if ids else None,
+        truncated=truncated,
+        reported_usage=result.reported_usage,
     )
 
 

@@ -65,7 +65,8 @@ DEFAULT_MAX_IN_FLIGHT = 2048
 @dataclass
 class RunOutcome:
     """What one run did: its folder, episodes played now, and the figures of the episodes it
-    asked for (``requested``: episodes ``0 .. requested - 1``, however many the folder holds)."""
+    asked for (``requested``: episodes ``0 .. requested - 1``, however many the folder holds),
+    with the audit of the usage its backend reported (:mod:`~selfcest_env.usage_audit`)."""
 
     path: Path
     spec: RunSpec
@@ -78,6 +79,7 @@ class RunOutcome:
     last_error: str | None = None
     gave_up: bool = False
     requested: int | None = None
+    usage_audit: dict[str, int] | None = None
 
 
 class _PendingBackend:
@@ -336,6 +338,7 @@ def _outcome(
         last_error=errors[-1]["error"] if errors else None,
         gave_up=gave_up,
         requested=request.episodes,
+        usage_audit=stats["usage_audit"],
     )
 
 

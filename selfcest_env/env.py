@@ -50,6 +50,7 @@ from selfcest_env.tokens import TokenCounter, as_token_counter
 from selfcest_env.trace import EpisodeTrace
 from selfcest_env.tree import Context, TurnRecord
 from selfcest_env.turns import bounded_turn, charge_turn
+from selfcest_env.usage_audit import audit_turns
 
 logger = logging.getLogger(__name__)
 
@@ -362,6 +363,7 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
             token_ids=charged.token_ids,
             logprobs=charged.logprobs,
             truncated=truncated,
+            reported_usage=turn.reported_usage,
         )
         context.turns.append(record)
         ledger = self._ledger
@@ -542,6 +544,7 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
             "context_rewards": {c.id: c.reward for c in self._contexts},
         }
         self._final["trace"] = self.trace()
+        self._final["usage_audit"] = audit_turns(t for c in self._contexts for t in c.turns)
         if self.config.reveal_answer:
             self._final["gold_answer"] = self._instance.answer
             self._final["gold_aliases"] = list(self._instance.aliases)

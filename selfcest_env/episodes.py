@@ -19,6 +19,7 @@ from typing import Any
 
 from selfcest_env.budget import METER_NAMES
 from selfcest_env.trace import EpisodeTrace
+from selfcest_env.usage_audit import add_audits, audit_problem
 
 #: Integer meters every episode record carries in ``record["meters"]`` (the ledger's meters).
 INT_METERS: tuple[str, ...] = METER_NAMES
@@ -53,6 +54,7 @@ class EpisodeResult:
     trace: dict[str, Any] | None = None
     error: str | None = None
     grade_error: str | None = None
+    usage_audit: dict[str, int] | None = None
 
     def episode_trace(self) -> EpisodeTrace:
         """The trace as typed data (:class:`~selfcest_env.trace.EpisodeTrace`).
@@ -67,8 +69,8 @@ class EpisodeResult:
     def to_record(self, with_trace: bool = False) -> dict[str, Any]:
         """A JSON-ready dictionary (the trace only when asked for: it is large).
 
-        ``error`` (what ended an aborted episode) and ``grade_error`` (why grading scored 0)
-        appear only when set.
+        ``error`` (what ended an aborted episode), ``grade_error`` (why grading scored 0) and
+        ``usage_audit`` (:mod:`~selfcest_env.usage_audit`) appear only when set.
         """
         record: dict[str, Any] = {
             "episode": self.episode,
@@ -85,6 +87,8 @@ class EpisodeResult:
             record["error"] = self.error
         if self.grade_error is not None:
             record["grade_error"] = self.grade_error
+        if self.usage_audit is not None:
+            record["usage_audit"] = dict(self.usage_audit)
         if with_trace:
             record["trace"] = self.trace
         return record
@@ -148,7 +152,8 @@ def validate_episode(record: Mapping[str, Any]) -> dict[str, Any]:
     (bool), ``score`` and ``reward`` (finite floats; ints accepted), ``end_reason`` (str),
     ``answer`` (str), ``meters`` (dict with every name in :data:`INT_METERS` as an int >= 0 and
     ``wall_time_s`` as a float >= 0). Extra top-level keys are kept if JSON-serialisable;
-    extra meters are kept if they are numbers.
+    extra meters are kept if they are numbers; an optional ``usage_audit`` must be one
+    (:func:`~selfcest_env.usage_audit.audit_problem`).
 
     Raises:
         EpisodeRecordError: listing every problem found.
@@ -190,6 +195,9 @@ def validate_episode(record: Mapping[str, Any]) -> dict[str, Any]:
     for key in extras:
         if not isinstance(key, str):
             problems.append(f"extra key {key!r} must be a str")
+    audit = extras.get("usage_audit")
+    if audit is not None and (problem := audit_problem(audit)) is not None:
+        problems.append(f"'usage_audit' {problem}")
     if not problems and extras:
         try:
             out.update(json_ready(extras))
@@ -300,7 +308,9 @@ def compute_stats(
     with ``limit``, of episodes ``0 .. limit - 1`` only (:func:`first_episodes`).
 
     Keys: ``n``, ``n_correct``, ``accuracy`` (``None`` when ``n == 0``), ``acc_ci_low`` /
-    ``acc_ci_high`` (95% Wilson), ``mean_score``, ``mean_reward``, ``n_answered`` (episodes whose
+    ``acc_ci_high`` (95% Wilson), ``mean_score``, ``mean_reward``, ``usage_audit`` (the sum of
+    the episodes' :mod:`~selfcest_env.usage_audit` audits; ``None`` when no backend reported
+    usage), ``n_answered`` (episodes whose
     root answered, with a non-empty answer), ``n_truncated`` (episodes in which a limit cut at
     least one turn), ``meters`` (per meter in
     :data:`METERS` plus any extra meters present in every episode: ``mean``, ``p50``, ``p95``,
@@ -341,6 +351,7 @@ def compute_stats(
         "acc_ci_high": high,
         "mean_score": sum(e["score"] for e in eps) / n if n else None,
         "mean_reward": sum(e["reward"] for e in eps) / n if n else None,
+        "usage_audit": add_audits(e.get("usage_audit") for e in eps),
         "n_answered": sum(1 for e in eps if e["end_reason"] == ANSWERED and e["answer"].strip()),
         "n_truncated": sum(1 for e in eps if e["meters"]["truncated_turns"] > 0),
         "meters": meters,

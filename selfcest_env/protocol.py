@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from selfcest_env.tasks.extraction import final_answer
+from selfcest_env.tracereader import is_count
 
 logger = logging.getLogger(__name__)
 
@@ -133,17 +134,31 @@ class Return:
 
 
 @dataclass(frozen=True)
+class ReportedUsage:
+    """Token counts a backend reported for one turn (an OpenAI-compatible server's ``usage``).
+
+    Kept beside the ledger's own counts of the turn for audit
+    (:mod:`~selfcest_env.usage_audit`); never charged: the ledger is the source of truth.
+    """
+
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
 class Turn:
     """A raw model turn with, optionally, the sampled token ids and their logprobs.
 
     ``truncated``: the backend stopped it at its token cap before the model ended it
     (``finish_reason == "length"``); the env counts it as a truncated turn, as one it cut itself.
+    ``reported_usage``: what the backend said the request cost, kept in the trace for audit.
     """
 
     text: str
     token_ids: Sequence[int] | None = None
     logprobs: Sequence[float] | None = None
     truncated: bool = False
+    reported_usage: ReportedUsage | None = None
 
 
 Action = str | Turn | Spawn | Return
@@ -192,6 +207,20 @@ class TurnInput:
     #: :func:`~selfcest_env.turns.clip_action`, or by the backend at its token cap
     #: (``Turn.truncated``). The turn counts as truncated.
     clipped: bool = False
+    #: What the backend reported the turn cost (``Turn.reported_usage``), for audit only.
+    reported_usage: ReportedUsage | None = None
+
+
+def _reported_usage(usage: Any) -> ReportedUsage | None:
+    """``usage`` when it is a :class:`ReportedUsage` of two 64-bit counts, else ``None``
+    (anything else is logged and dropped: it is audit data, never charged)."""
+    if usage is None:
+        return None
+    counts = (getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None))
+    if isinstance(usage, ReportedUsage) and all(is_count(count) for count in counts):
+        return usage
+    logger.warning("dropping a reported usage that is not two token counts: %.80r", usage)
+    return None
 
 
 def to_turn_input(action: Action) -> TurnInput:
@@ -223,8 +252,13 @@ def to_turn_input(action: Action) -> TurnInput:
             )
             logprobs = None
         if isinstance(action, Turn):
-            text = clean_text(action.text or "")
-            return TurnInput(text, token_ids, logprobs, clipped=action.truncated is True)
+            return TurnInput(
+                clean_text(action.text or ""),
+                token_ids,
+                logprobs,
+                clipped=action.truncated is True,
+                reported_usage=_reported_usage(action.reported_usage),
+            )
         text = clean_text(action.text if action.text is not None else action.to_text())
         if isinstance(action, Return):
             answer = clean_text("" if action.answer is None else str(action.answer))

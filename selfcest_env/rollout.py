@@ -361,4 +361,5 @@ def _result(slot: _Slot, reward: float, info: dict[str, Any], keep_trace: bool) 
         trace=info["trace"] if keep_trace else None,
         error=info.get("error"),
         grade_error=info.get("grade_error"),
+        usage_audit=info.get("usage_audit"),
     )

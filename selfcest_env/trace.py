@@ -15,12 +15,14 @@ meters a dict keyed by meter name; treat both as read-only.
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from selfcest_env.budget import METER_NAMES
+from selfcest_env.protocol import ReportedUsage
 from selfcest_env.tracereader import TraceError, TraceReader
 
 __all__ = [
@@ -43,6 +45,9 @@ STATUSES: tuple[str, ...] = typing.get_args(Status)
 #: The roles of the chat messages the env writes.
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 
+#: The counts of a turn's ``reported_usage``.
+USAGE_KEYS: tuple[str, ...] = ("prompt_tokens", "completion_tokens")
+
 
 @dataclass(frozen=True)
 class TurnTrace:
@@ -59,6 +64,9 @@ class TurnTrace:
         children: Ids of the clones this turn started.
         errors: Tool errors this turn produced.
         repairs: Tool-call repairs this turn needed.
+        reported_usage: What the backend reported the turn cost, when it reported it (an
+            OpenAI-compatible server's ``usage``): kept for audit, never charged. Absent from
+            the dict when ``None``.
     """
 
     index: int
@@ -71,6 +79,7 @@ class TurnTrace:
     children: tuple[int, ...]
     errors: tuple[str, ...]
     repairs: tuple[str, ...]
+    reported_usage: ReportedUsage | None = None
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "trace turn", path: str = "") -> TurnTrace:
@@ -82,7 +91,13 @@ class TurnTrace:
             TraceError: a missing or unknown key, a value of the wrong type, or logprobs that are
                 not one per token id.
         """
-        read = TraceReader(data, _keys(cls), where, path)
+        read = TraceReader(data, _keys(cls), where, path, optional=("reported_usage",))
+        usage = None
+        if read.has("reported_usage"):
+            counts = read.count_map("reported_usage", USAGE_KEYS)
+            if len(counts) != len(USAGE_KEYS):
+                raise read.error("reported_usage", f"must hold only {', '.join(USAGE_KEYS)}")
+            usage = ReportedUsage(**counts)
         turn = cls(
             index=read.count("index"),
             prompt_tokens=read.count("prompt_tokens"),
@@ -94,6 +109,7 @@ class TurnTrace:
             children=read.counts("children"),
             errors=read.strings("errors"),
             repairs=read.strings("repairs"),
+            reported_usage=usage,
         )
         if turn.logprobs is not None and len(turn.logprobs) != len(turn.token_ids or ()):
             ids = "none" if turn.token_ids is None else len(turn.token_ids)
@@ -115,6 +131,11 @@ class TurnTrace:
             "children": list(self.children),
             "errors": list(self.errors),
             "repairs": list(self.repairs),
+            **(
+                {}
+                if self.reported_usage is None
+                else {"reported_usage": dataclasses.asdict(self.reported_usage)}
+            ),
         }
 
 

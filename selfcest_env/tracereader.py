@@ -66,15 +66,22 @@ class TraceReader:
     """One dict of a trace, its keys checked and read one by one; errors name the place.
 
     ``where`` is the trace's part (``"trace context 3"``), ``path`` the dict within it
-    (``"turns[1]"``; empty: the part itself).
+    (``"turns[1]"``; empty: the part itself); keys in ``optional`` may be absent.
     """
 
-    def __init__(self, data: Any, keys: Sequence[str], where: str, path: str = "") -> None:
+    def __init__(
+        self,
+        data: Any,
+        keys: Sequence[str],
+        where: str,
+        path: str = "",
+        optional: Sequence[str] = (),
+    ) -> None:
         self.where, self.path = where, path
         place = f"{where}: {path}" if path else where
         if not _is_dict(data):
             raise TraceError(f"{place} must be a dict, got {shown(data)}")
-        missing = next((key for key in keys if key not in data), None)
+        missing = next((key for key in keys if key not in data and key not in optional), None)
         if missing is not None:
             raise self.error(missing, "is missing")
         unknown = [key for key in data if key not in keys]
@@ -92,6 +99,10 @@ class TraceReader:
         if (value is None and nullable) or check(value):
             return value
         raise self.error(key, f"must be {what}{' or null' if nullable else ''}, got {shown(value)}")
+
+    def has(self, key: str) -> bool:
+        """Whether the dict holds ``key`` (for the optional keys)."""
+        return key in self.data
 
     def count(self, key: str, nullable: bool = False) -> Any:
         """A 64-bit int >= 0 (or ``None`` when ``nullable``)."""

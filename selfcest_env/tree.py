@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from selfcest_env.protocol import ReportedUsage
 from selfcest_env.trace import ContextTrace, ContextUsage, Status, TurnTrace
 
 
@@ -22,6 +23,7 @@ class TurnRecord:
         children: Ids of the clones this turn started.
         errors: Tool errors this turn produced.
         repairs: Tool-call repairs this turn needed.
+        reported_usage: What the backend reported the turn cost (audit only).
     """
 
     index: int
@@ -34,6 +36,7 @@ class TurnRecord:
     children: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     repairs: list[str] = field(default_factory=list)
+    reported_usage: ReportedUsage | None = None
 
     def to_trace(self) -> TurnTrace:
         """The turn as it stands, frozen for the trace."""
@@ -48,6 +51,7 @@ class TurnRecord:
             children=tuple(self.children),
             errors=tuple(self.errors),
             repairs=tuple(self.repairs),
+            reported_usage=self.reported_usage,
         )
 
 

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from selfcest_env.protocol import ReportedUsage
 from selfcest_env.tokens import chat_token_ids
 
 FinishReason = Literal["stop", "length", "error"]
@@ -77,6 +78,9 @@ class GenerationResult:
     finish_reason: FinishReason = "stop"
     prompt_tokens: int = 0
     error: str | None = None
+    #: What the backend reported the request cost (an OpenAI-compatible server's ``usage``),
+    #: kept beside the ledger's counts for audit; ``None`` where it reported nothing.
+    reported_usage: ReportedUsage | None = None
 
     @classmethod
     def failed(cls, message: str, prompt_tokens: int = 0) -> GenerationResult:

@@ -73,7 +73,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from selfcest_env.protocol import ReportedUsage
 from selfcest_env.tokens import plain_token_ids
+from selfcest_env.tracereader import is_count
 
 from .base import Backend, FinishReason, GenerationRequest, GenerationResult
 from .openai_http import BoundedClient, FinalError, RetryableError, quote
@@ -315,7 +317,7 @@ class OpenAICompatibleBackend(Backend):
 
     def _parse(self, request: GenerationRequest, data: dict[str, Any]) -> GenerationResult:
         choice = data["choices"][0]
-        prompt_tokens = self._prompt_tokens(data.get("usage"))
+        prompt_tokens, reported = self._usage(data.get("usage"))
         if request.messages is not None:
             text = (choice.get("message") or {}).get("content") or ""
             content = (choice.get("logprobs") or {}).get("content") or []
@@ -341,7 +343,7 @@ class OpenAICompatibleBackend(Backend):
                     bound,
                 )
                 text, finish = text[:bound], "length"
-            return GenerationResult(text, [], [], finish, prompt_tokens)
+            return GenerationResult(text, [], [], finish, prompt_tokens, reported_usage=reported)
         if len(logps) != len(ids):
             if logps:
                 logger.warning(
@@ -358,20 +360,27 @@ class OpenAICompatibleBackend(Backend):
             )
         if self.tokenizer is not None:
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return GenerationResult(text, ids, logps, finish, prompt_tokens)
+        return GenerationResult(text, ids, logps, finish, prompt_tokens, reported_usage=reported)
 
-    def _prompt_tokens(self, usage: Any) -> int:
-        """``usage.prompt_tokens`` when it is a count, else 0 (the backend does not need it: a
-        malformed ``usage`` is logged, and the answer kept)."""
-        count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-        if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
-            return count
-        if count is not None or not isinstance(usage, dict | None):
+    def _usage(self, usage: Any) -> tuple[int, ReportedUsage | None]:
+        """The prompt tokens of the server's ``usage`` (0 when it gives none) and the whole of
+        it when it holds ``prompt_tokens`` and ``completion_tokens`` as counts (else ``None``).
+        The backend does not need either: a malformed ``usage`` is logged, and the answer kept.
+        """
+        fields = usage if isinstance(usage, dict) else {}
+        prompt, completion = fields.get("prompt_tokens"), fields.get("completion_tokens")
+        if not isinstance(usage, dict | None) or any(
+            count is not None and not is_count(count) for count in (prompt, completion)
+        ):
             logger.warning(
                 "ignoring the server's malformed usage field: %s",
                 self._http.quote(reprlib.repr(usage), 200),
             )
-        return 0
+        whole = is_count(prompt) and is_count(completion)
+        return (
+            prompt if is_count(prompt) else 0,
+            ReportedUsage(prompt, completion) if whole else None,
+        )
 
     def _token_ids(self, choice: dict[str, Any], pieces: list[str], text: str) -> list[int] | None:
         if isinstance(choice.get("token_ids"), list):

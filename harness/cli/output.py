@@ -20,6 +20,9 @@ from selfcest_env.harness.errors import one_line
 from selfcest_env.harness.requests import API_KEY_ENV, SECRET_BACKEND_ARGS
 from selfcest_env.harness.runner import RunOutcome
 from selfcest_env.text import printable
+from selfcest_env.usage_audit import describe_audit
+
+logger = logging.getLogger(__name__)
 
 #: Shorter "keys" (``none``, ``x``, what a local server ignores) are not redacted: that would
 #: mangle every message without hiding anything.
@@ -75,7 +78,8 @@ class Terminal:
         return handler
 
     def report_run(self, outcome: RunOutcome) -> None:
-        """One line: the run folder, its figures and what this invocation played."""
+        """One line: the run folder, its figures and what this invocation played; a warning
+        when the usage its backend reported disagrees with the ledger."""
         acc = "-" if outcome.accuracy is None else f"{outcome.accuracy:.3f}"
         gen = "-" if outcome.gen_tokens_mean is None else f"{outcome.gen_tokens_mean:.1f}"
         if outcome.played or outcome.errored:
@@ -89,6 +93,9 @@ class Terminal:
                 f"({state}, {outcome.wall_s:.1f}s)"
             ]
         )
+        audit = None if outcome.usage_audit is None else describe_audit(outcome.usage_audit)
+        if audit is not None:
+            logger.warning("%s: %s", outcome.path, audit)
 
     def report_leaderboard(self, df: Any, out: Path) -> None:
         """The leaderboard's path and a compact table of it: per run its variant, agent,

@@ -29,6 +29,7 @@ from selfcest_env.agents.backends.openai_backend import (
     OpenAIConfig,
 )
 from selfcest_env.agents.backends.openai_http import quote, retry_after_seconds
+from selfcest_env.protocol import ReportedUsage
 
 QUESTION = [{"role": "user", "content": "What is 2+3?"}]
 Respond = Callable[["Handler", int], None]
@@ -391,13 +392,27 @@ def test_a_malformed_usage_field_does_not_abort_a_valid_answer(usage: object, ca
         result, _, _ = run(server, max_retries=2)
     assert result.error is None and result.text == "Answer: 5"
     assert result.token_ids == [7, 8, 9] and result.prompt_tokens == 0
+    assert result.reported_usage is None
     assert len(server.seen) == 1 and "malformed usage" in caplog.text
 
 
 def test_a_valid_usage_field_is_read() -> None:
-    with serving(ok(chat(usage={"prompt_tokens": 11, "completion_tokens": 3}))) as server:
+    with serving(ok(chat(usage={"prompt_tokens": 11, "completion_tokens": 4}))) as server:
         result, _, _ = run(server)
     assert result.prompt_tokens == 11
+    # Kept as reported, for the audit: the server counts 4 completion tokens, the ids are 3.
+    assert result.reported_usage == ReportedUsage(11, 4) and len(result.token_ids) == 3
+
+
+@pytest.mark.parametrize(
+    "usage", [{"prompt_tokens": 11}, {"completion_tokens": 3}, {"prompt_tokens": 11, "x": 1}]
+)
+def test_a_partial_usage_field_is_no_reported_usage(usage: dict, caplog) -> None:
+    with caplog.at_level(logging.WARNING), serving(ok(chat(usage=usage))) as server:
+        result, _, _ = run(server)
+    assert result.reported_usage is None
+    assert result.prompt_tokens == usage.get("prompt_tokens", 0)
+    assert "malformed usage" not in caplog.text  # incomplete, not malformed
 
 
 @pytest.mark.parametrize(

@@ -280,6 +280,28 @@ def test_two_servers_behind_one_model_name_get_two_run_folders(
         assert len(a.authorizations) == requests and len(run_folders(tmp_path)) == 2
 
 
+def test_the_usage_a_server_reports_is_audited_per_episode_and_per_run(tmp_path: Path) -> None:
+    """The loopback server reports 12 prompt tokens a request (the real prompt is longer) and
+    one completion token per token id (what the ledger charges); a real ``selfcest run``
+    process warns on stderr."""
+    with serving(lambda n: (200, "Answer: 42")) as server:
+        proc = cli(*openai_run(server, tmp_path), env=no_key_env())
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr
+    (folder,) = run_folders(tmp_path)
+    for episode in read_episodes(folder):
+        audit = episode["usage_audit"]
+        assert audit["turns"] == 1 and audit["prompt_tokens_reported"] == 12
+        assert audit["prompt_mismatches"] == 1 and audit["completion_mismatches"] == 0
+        assert audit["completion_tokens_reported"] == audit["completion_tokens_ledger"]
+        assert audit["completion_tokens_ledger"] == episode["meters"]["gen_tokens"]
+    run = json.loads((folder / "stats.json").read_text())["usage_audit"]
+    assert run["turns"] == 3 and run["prompt_tokens_reported"] == 36
+    assert run["prompt_tokens_ledger"] > 36
+    assert "reported usage disagrees with the ledger: prompt tokens differ on 3 of 3" in err
+    assert "completion tokens differ on 0 of 3 turns" in err
+
+
 # --------------------------------------------------------------------------------------------
 # The API key
 
