@@ -59,6 +59,7 @@ __all__ = [
     "build_leaderboard_rows",
     "collect_rows",
     "find_run_dirs",
+    "scan_run_folders",
     "leaderboard_frame",
     "pareto_flags",
     "rank_rows",
@@ -184,7 +185,7 @@ class SkippedRun:
 _RUN_FILES = frozenset({SPEC_FILE, EPISODES_FILE, ERRORS_FILE, STATS_FILE})
 
 
-def _scan(root: str | Path) -> tuple[list[Path], list[SkippedRun]]:
+def scan_run_folders(root: str | Path) -> tuple[list[Path], list[SkippedRun]]:
     """Run folders at or below ``root`` (sorted, symbolic links to folders not followed), and
     the folders that hold run files without a usable ``run_spec.json`` or cannot be listed."""
     root = Path(root)
@@ -215,7 +216,7 @@ def _scan(root: str | Path) -> tuple[list[Path], list[SkippedRun]]:
 
 def find_run_dirs(root: str | Path) -> list[Path]:
     """Run folders (folders holding ``run_spec.json``) at or below ``root``, sorted."""
-    return _scan(root)[0]
+    return scan_run_folders(root)[0]
 
 
 #: The leaderboard columns that are :func:`~selfcest_env.episodes.compute_stats` keys as they are.
@@ -304,7 +305,7 @@ def collect_rows(
     folders: list[Path] = []
     skipped: list[SkippedRun] = []
     for item in items:
-        found, bad = _scan(item)
+        found, bad = scan_run_folders(item)
         folders.extend(found)
         skipped.extend(bad)
     rows = []

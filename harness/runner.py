@@ -106,12 +106,14 @@ class Runner:
         progress: bool = True,
         max_consecutive_errors: int | None = None,
         redact: Callable[[str], str] = str,
+        traces: bool = False,
     ) -> None:
         """``max_consecutive_errors``: episodes in a row that a backend error may end before a
         run gives up (the backend is down); ``None``: twice the run's ``parallel``, at least 8.
         ``redact``: applied to error text before it is written to ``errors.jsonl`` or shown
-        (a server may echo an API key)."""
+        (a server may echo an API key). ``traces``: keep each episode's trace in its record."""
         self.out = Path(out)
+        self.traces = traces
         self.progress = progress
         self.max_consecutive_errors = max_consecutive_errors
         self.redact = redact
@@ -294,7 +296,7 @@ class Runner:
             folder.close()
             raise
         limit = self.max_consecutive_errors or max(8, 2 * request.parallel)
-        return _RunPlay(request, folder, rollout, started, limit, self.redact)
+        return _RunPlay(request, folder, rollout, started, limit, self.redact, self.traces)
 
     def _refresh_stats(self, data: RunData) -> None:
         """Rewrite a lagging ``stats.json`` (a kill can leave it behind the episodes); where
@@ -357,6 +359,7 @@ class _RunPlay:
         started: float,
         limit: int,
         redact: Callable[[str], str],
+        traces: bool = False,
     ) -> None:
         self.request = request
         self.folder = folder
@@ -364,6 +367,7 @@ class _RunPlay:
         self.started = started
         self.limit = limit
         self.redact = redact
+        self.traces = traces
         recorded = first_episodes(folder.episodes, request.episodes)
         self.done = len(recorded)
         self.correct = sum(1 for e in recorded if e["correct"])
@@ -394,7 +398,7 @@ class _RunPlay:
                 self.gave_up = True
             return
         self.in_a_row = 0
-        self.folder.append_episode(result.to_record())
+        self.folder.append_episode(result.to_record(with_trace=self.traces))
         self.played += 1
         self.done += 1
         self.correct += bool(result.correct)
@@ -539,6 +543,7 @@ class _Engine:
             self._rollouts(requests, progress),
             max_in_flight=max_in_flight,
             act=self.runner.rendezvous.act,
+            keep_traces=self.runner.traces,
         )
         results = driver.results()
         try:
@@ -625,13 +630,15 @@ def execute(
     redact: Callable[[str], str] = str,
     schedule: str = SCHEDULES[0],
     max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT,
+    traces: bool = False,
 ) -> Execution:
     """Check, then play every request into ``out``; ``report`` each run's outcome as it ends.
 
     ``schedule``: one of :data:`SCHEDULES` (see the module docstring); ``max_in_flight``:
     episodes in flight over every run of the ``cross-run`` schedule (``None``: no limit).
-    ``dry_run``: check only. The exit code is 0, or 1 when a run failed (its folder is
-    corrupt, edited or not writable) or left episodes that a backend error ended: ``fail`` gets
+    ``dry_run``: check only; ``traces``: keep each new episode's trace in its record. The exit
+    code is 0, or 1 when a run failed (its folder is corrupt, edited or not writable) or left
+    episodes that a backend error ended: ``fail`` gets
     one message per such run, saying what to do; the other runs go on. A full disk stops every
     run (the rest would fail alike). Rerunning the same requests resumes where they stopped.
 
@@ -641,7 +648,7 @@ def execute(
     """
     if schedule not in SCHEDULES:
         raise SettingsError(f"unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")
-    runner = Runner(out, progress=progress, redact=redact)
+    runner = Runner(out, progress=progress, redact=redact, traces=traces)
     result = Execution(0)
     try:
         for request in requests:

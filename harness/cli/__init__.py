@@ -14,6 +14,9 @@ Subcommands, one module each (``selfcest <command> --help`` explains every optio
 ``selfcest suite NAME_OR_FILE`` (:mod:`.suite`)
     Every run of a suite (a built-in name or a YAML/JSON file, see
     :mod:`selfcest_env.harness.suites`), then the leaderboard and its plots.
+``selfcest export RUNS_DIR`` (:mod:`.export`)
+    Episodes (and, where kept with ``--traces``, every context) of the run folders below
+    ``RUNS_DIR`` as Parquet or JSON lines (:mod:`selfcest_env.harness.export`).
 ``selfcest train --recipe NAME | --config FILE`` (:mod:`.train`)
     Train a clone controller with GRPO (:mod:`selfcest_env.agents.training`); resumable.
 
@@ -32,7 +35,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from selfcest_env.harness.cli import leaderboard, plot, run, suite, train
+from selfcest_env.harness.cli import export, leaderboard, plot, run, suite, train
 from selfcest_env.harness.cli.args import EXIT_BAD_ARGS, Parser
 from selfcest_env.harness.cli.output import Terminal
 from selfcest_env.harness.errors import SettingsError, describe_os_error
@@ -43,7 +46,7 @@ EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
 
 #: The subcommand modules, in ``--help`` order: each has ``add_parser`` and ``command``.
-SUBCOMMANDS = (run, leaderboard, plot, suite, train)
+SUBCOMMANDS = (run, leaderboard, plot, suite, export, train)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -154,5 +154,12 @@ def add_common_run_options(parser: argparse.ArgumentParser, *, suite: bool) -> N
         f"fits (default: {DEFAULT_MAX_IN_FLIGHT})",
     )
     parser.add_argument(
+        "--traces",
+        action="store_true",
+        help="keep each new episode's whole trace (every context's chat, turns, token ids and "
+        "logprobs) in episodes.jsonl, for `selfcest export` and trainers; not part of a run's "
+        "identity",
+    )
+    parser.add_argument(
         "--no-progress", action="store_true", help="no progress line (tqdm, on stderr)"
     )

@@ -152,4 +152,5 @@ def command(args: argparse.Namespace, terminal: Terminal) -> int:
         redact=terminal.redact,
         schedule=args.schedule,
         max_in_flight=args.max_in_flight,
+        traces=args.traces,
     ).code

@@ -117,6 +117,7 @@ def command(args: argparse.Namespace, terminal: Terminal) -> int:
         redact=terminal.redact,
         schedule=args.schedule,
         max_in_flight=args.max_in_flight,
+        traces=args.traces,
     )
     if args.dry_run or done.stopped:
         return done.code
