@@ -270,3 +270,70 @@ def test_real_model_rollouts_export_in_verl_shape():
         model = batch["rollout_log_probs"][row][batch["response_mask"][row].bool()].tolist()
         assert model == pytest.approx(logprobs[: len(model)], abs=1e-5)
         assert batch["rm_scores"][row].sum().item() == pytest.approx(context["reward"], abs=1e-6)
+
+
+@pytest.mark.parametrize("form", ["context", "turn"])
+@pytest.mark.parametrize("rule", ["reference", "shared", "difference"])
+def test_verl_rows_hold_what_the_in_house_trainer_trains(tokenizer, traces, tmp_path, form, rule):
+    """For the same traces, the project's trainer (its sample building, credit and packed
+    batch) and the verl batch hold the same tokens, loss masks, old logprobs and advantages,
+    row by row."""
+    from selfcest_env.agents.training.config import load_config
+    from selfcest_env.agents.training.credit import assign_advantages
+    from selfcest_env.agents.training.grpo import collate
+    from selfcest_env.agents.training.policy import Policy
+    from selfcest_env.agents.training.trainer import GRPOTrainer
+    from selfcest_env.episodes import EpisodeResult
+
+    config = load_config(
+        overrides=[
+            f"out={tmp_path}",
+            "rollout.group_size=2",  # the fixture plays each task twice, one after another
+            f"rollout.form={form}",
+            f"credit.rule={rule}",
+        ]
+    )
+    trainer = GRPOTrainer(config)
+    trainer.policy = Policy(model=None, tokenizer=tokenizer, lora=False)
+    results = [
+        EpisodeResult(
+            episode=number,
+            task_id=trace["task_id"],
+            seed=0,
+            correct=False,
+            score=0.0,
+            reward=trace["reward"],
+            end_reason=trace["end_reason"],
+            answer="",
+            meters=trace["meters"],
+            trace=trace,
+        )
+        for number, trace in enumerate(traces)
+    ]
+    samples, rewards, groups = trainer._samples(results)
+    advantages = assign_advantages(samples, config.credit, rewards, groups)
+    pad = tokenizer.pad_token_id
+    ours = collate(samples, advantages, pad_id=pad)
+    records = agent_loop_records(traces, tokenizer, form=form, credit=config.credit)
+    verl = verl_batch(records, pad)
+    assert len(records) == len(samples) > len(traces)  # clones are rows too
+    width_p = verl["prompts"].shape[1]
+    for row, sample in enumerate(samples):
+        prompt_len = int(verl["attention_mask"][row, :width_p].sum())
+        response_len = int(verl["attention_mask"][row, width_p:].sum())
+        length = prompt_len + response_len
+        # The same tokens: prompt then response, without padding.
+        kept = verl["attention_mask"][row].bool()
+        assert ours.input_ids[row, :length].tolist() == verl["input_ids"][row][kept].tolist()
+        assert int(ours.attention_mask[row].sum()) == length
+        # Position t of ours scores token t + 1: the response starts at prompt_len - 1.
+        span = slice(prompt_len - 1, prompt_len - 1 + response_len)
+        assert ours.mask[row, span].tolist() == verl["response_mask"][row, :response_len].tolist()
+        assert ours.mask[row].sum() == verl["response_mask"][row].sum()
+        assert ours.old_logprobs[row, span].tolist() == pytest.approx(
+            verl["rollout_log_probs"][row, :response_len].tolist(), abs=1e-6
+        )
+        assert float(ours.advantages[row]) == pytest.approx(
+            float(verl["selfcest_advantage"][row]), abs=1e-6
+        )
+        assert verl["selfcest_context_id"][row] == sample.context_id
