@@ -32,13 +32,18 @@ such a function and the matching reward function:
 reward per row and a group advantage that TRL computes itself over the ``num_generations`` rows
 of a prompt. Hence:
 
-* Only root turns are trained. A clone's context starts from its own prompt (its objective), so
-  it cannot continue the root's row, and TRL fixes the number of rows before an episode decides
-  how many clones it spawns. Clones still shape the root's reward (their answers, their tokens'
-  cost), but their tokens get no gradient of their own. For clone-aware credit, where root and
-  clone turns share one update, use the project's trainer
-  (:mod:`~selfcest_env.agents.training.trainer`) or export rollouts for verl
-  (:mod:`~selfcest_env.agents.training.verl_export`).
+* **Clone contexts are rows too** (``TRLRolloutConfig.train_clones``, the default, with
+  :meth:`TRLRollouts.trainer`). TRL fixes the number of rows before an episode decides how
+  many clones it spawns, and TRL's maintainers declined tree trainers in TRL itself (TRL issue
+  4294), so :meth:`TRLRollouts.trainer` builds :func:`selfcest_grpo_trainer`'s subclass of
+  ``GRPOTrainer``: after TRL has scored the root rows, it appends every clone context of those
+  episodes as a row (its own first prompt; its turns with the tool messages between them
+  masked out), gives every row its advantage under ``TRLRolloutConfig.credit`` (the
+  reference rule by default, as in the project's trainer), and TRL's loss trains root and clone
+  turns in one update. Rows that only pad the batch to a multiple of ``steps_per_generation``
+  carry no loss. Limits: no KL term (``beta=0``), no vLLM generation, one process (a group's
+  rollouts must be in one process for the credit rule); each is refused with a message.
+  ``train_clones=False`` gives the plain ``GRPOTrainer`` on root rows with TRL's advantage.
 * On roots, the credit rules of :mod:`~selfcest_env.agents.training.credit` agree with TRL's own
   advantage: ``reference`` and ``shared`` give a root the GRPO advantage of its group, which TRL
   computes (with the sample standard deviation and ``eps=1e-4``; with ``scale_rewards="none"``
@@ -51,6 +56,7 @@ of a prompt. Hence:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +65,7 @@ from selfcest_env.agents.backends.base import chat_prompt_ids
 from selfcest_env.agents.backends.transformers_backend import TransformersBackend
 from selfcest_env.agents.base import SamplingConfig
 from selfcest_env.agents.clone_controller import CloneControllerAgent
+from selfcest_env.agents.training.credit import CreditConfig, assign_advantages
 from selfcest_env.agents.training.samples import Sample, trace_samples
 from selfcest_env.budget import METER_NAMES
 from selfcest_env.env import ABORT_REASONS
@@ -92,6 +99,10 @@ class TRLRolloutConfig:
             context and turn).
         batch_size: The backend's generation batch size (contexts generated together).
         progress: Show the driver's progress bar for each batch of episodes.
+        train_clones: With :meth:`TRLRollouts.trainer`, every clone context becomes a trainable
+            row too, and every row's advantage follows ``credit`` (off: root rows only, with
+            TRL's own group advantage).
+        credit: The credit rule of the rows' advantages when ``train_clones``.
     """
 
     env_id: str = "SelfCest-Math-v0"
@@ -102,6 +113,8 @@ class TRLRolloutConfig:
     seed: int = 0
     batch_size: int = 8
     progress: bool = False
+    train_clones: bool = True
+    credit: CreditConfig = field(default_factory=CreditConfig)
 
     def __post_init__(self) -> None:
         if self.tasks < 1:
@@ -122,6 +135,8 @@ class TRLRollouts:
         config: Which episodes to play.
         on_episodes: Called with each batch's finished episodes (their traces included), in row
             order, e.g. to log or keep them.
+        agent_factory: Builds the agent that plays the episodes from the trained model's
+            backend, the sampling settings and ``max_depth`` (default: the clone controller).
     """
 
     def __init__(
@@ -129,12 +144,15 @@ class TRLRollouts:
         tokenizer: Any,
         config: TRLRolloutConfig | None = None,
         on_episodes: Callable[[list[EpisodeResult]], None] | None = None,
+        agent_factory: AgentFactory | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.config = config or TRLRolloutConfig()
         self.on_episodes = on_episodes
+        self.agent_factory = agent_factory or _clone_controller
         self.episodes_played = 0
         self._task_of_prompt: dict[str, int] = {}
+        self._last_batch: tuple[list[EpisodeResult], list[int]] = ([], [])
 
     def make_env(self) -> Any:
         """One environment of the configured id, split and arguments, counting with the
@@ -192,7 +210,7 @@ class TRLRollouts:
             backend = TransformersBackend(
                 hf_model=model, hf_tokenizer=self.tokenizer, batch_size=self.config.batch_size
             )
-            agent = CloneControllerAgent(backend, sampling, max_depth=self.config.max_depth)
+            agent = self.agent_factory(backend, sampling, self.config.max_depth)
             finished = run_episodes(
                 self.make_env,
                 agent,
@@ -205,6 +223,7 @@ class TRLRollouts:
         finally:
             model.train(was_training)
         results = [by_episode[spec.episode] for spec in specs]
+        self._last_batch = (results, tasks)
         if self.on_episodes is not None:
             self.on_episodes(results)
         return self.rows(results, tasks)
@@ -295,10 +314,22 @@ class TRLRollouts:
 
     def trainer(self, model: Any, args: Any, **kwargs: Any) -> Any:
         """A ``trl.GRPOTrainer`` wired to this adapter: its dataset, rollout and reward
-        functions and tokenizer; ``kwargs`` go to the trainer (e.g. ``peft_config``)."""
-        from trl import GRPOTrainer
+        functions and tokenizer; ``kwargs`` go to the trainer (e.g. ``peft_config``). With
+        ``config.train_clones`` (the default) it is :func:`selfcest_grpo_trainer`'s subclass,
+        which trains clone contexts too.
 
-        return GRPOTrainer(
+        Raises:
+            ValueError: ``train_clones`` with settings it cannot honour (a KL term, vLLM
+                generation, several processes).
+        """
+        if not self.config.train_clones:
+            from trl import GRPOTrainer
+
+            cls: Any = GRPOTrainer
+        else:
+            cls = selfcest_grpo_trainer()
+            _check_clone_settings(args)
+        return cls(
             model=model,
             args=args,
             reward_funcs=self.selfcest_reward,
@@ -307,3 +338,202 @@ class TRLRollouts:
             rollout_func=self,
             **kwargs,
         )
+
+    def context_rows(self) -> tuple[list[Sample], list[float]]:
+        """Every context of the last batch's episodes as a sample (per-context form, in row
+        order: each episode's root, then its clones) with its advantage under
+        ``config.credit``; an aborted episode has none."""
+        results, tasks = self._last_batch
+        samples: list[Sample] = []
+        rewards: dict[int, float] = {}
+        groups: dict[int, int] = {}
+        for result, task in zip(results, tasks):
+            if result.end_reason in ABORT_REASONS:
+                continue
+            assert result.trace is not None
+            samples += trace_samples(
+                result.trace, self.tokenizer, episode=result.episode, group=task
+            )
+            rewards[result.episode] = result.reward
+            groups[result.episode] = task
+        return samples, assign_advantages(samples, self.config.credit, rewards, groups)
+
+    def with_clone_rows(self, trainer: Any, batch: dict[str, Any]) -> dict[str, Any]:
+        """TRL's scored batch of the last rollouts with every clone context appended as a row
+        and every row's advantage replaced by the credit rule's (see the module docstring)."""
+        import torch
+
+        results, _ = self._last_batch
+        samples, advantages = self.context_rows()
+        credit = {(s.episode, s.context_id): a for s, a in zip(samples, advantages)}
+        device = batch["prompt_ids"].device
+        roots = torch.tensor(
+            [credit.get((result.episode, 0), 0.0) for result in results],
+            dtype=batch["advantages"].dtype,
+            device=device,
+        )
+        clones = [(s, a) for s, a in zip(samples, advantages) if not s.is_root]
+        steps = max(1, int(getattr(trainer.args, "steps_per_generation", 1) or 1))
+        fillers = -(len(results) + len(clones)) % steps  # TRL splits the batch into equal parts
+        pad = self.tokenizer.pad_token_id
+        if pad is None:
+            pad = self.tokenizer.eos_token_id
+        prompts = [s.prompt_ids for s, _ in clones] + [[pad]] * fillers
+        completions = [s.response_ids for s, _ in clones] + [[pad]] * fillers
+        masks = [s.response_mask for s, _ in clones] + [[0]] * fillers
+        completed = [[1] * len(s.response_ids) for s, _ in clones] + [[0]] * fillers
+        width_p = max([batch["prompt_ids"].shape[1], *map(len, prompts)])
+        width_c = max([batch["completion_ids"].shape[1], *map(len, completions)])
+
+        def rows(values: list[list[int]], width: int, left: bool, fill: int) -> Any:
+            padded = [
+                [fill] * (width - len(v)) + list(v) if left else list(v) + [fill] * (width - len(v))
+                for v in values
+            ]
+            return torch.tensor(padded, dtype=torch.long, device=device).reshape(-1, width)
+
+        def widen(tensor: Any, width: int, left: bool, fill: float) -> Any:
+            extra = tensor.new_full((tensor.shape[0], width - tensor.shape[1]), fill)
+            return torch.cat([extra, tensor] if left else [tensor, extra], dim=1)
+
+        out = dict(batch)
+        out["prompt_ids"] = torch.cat(
+            [widen(batch["prompt_ids"], width_p, True, pad), rows(prompts, width_p, True, pad)]
+        )
+        out["prompt_mask"] = torch.cat(
+            [
+                widen(batch["prompt_mask"], width_p, True, 0),
+                rows([[1] * len(p) for p in prompts], width_p, True, 0),
+            ]
+        )
+        out["completion_ids"] = torch.cat(
+            [
+                widen(batch["completion_ids"], width_c, False, pad),
+                rows(completions, width_c, False, pad),
+            ]
+        )
+        out["completion_mask"] = torch.cat(
+            [
+                widen(batch["completion_mask"], width_c, False, 0),
+                rows(completed, width_c, False, 0),
+            ]
+        )
+        tool = batch.get("tool_mask")
+        if tool is None:
+            tool = torch.ones_like(batch["completion_mask"])
+        out["tool_mask"] = torch.cat(
+            [widen(tool, width_c, False, 1), rows(masks, width_c, False, 0)]
+        )
+        out["advantages"] = torch.cat(
+            [
+                roots,
+                torch.tensor(
+                    [a for _, a in clones] + [0.0] * fillers,
+                    dtype=batch["advantages"].dtype,
+                    device=device,
+                ),
+            ]
+        )
+        if "sampling_per_token_logps" in batch:  # what the rollouts sampled with
+            sampled = batch["sampling_per_token_logps"]
+            out["sampling_per_token_logps"] = torch.cat(
+                [
+                    widen(sampled, width_c, False, 0.0),
+                    torch.tensor(
+                        [
+                            list(s.old_logprobs) + [0.0] * (width_c - len(s.old_logprobs))
+                            for s, _ in clones
+                        ]
+                        + [[0.0] * width_c] * fillers,
+                        dtype=sampled.dtype,
+                        device=device,
+                    ).reshape(-1, width_c),
+                ]
+            )
+        if "old_per_token_logps" in batch:
+            out["old_per_token_logps"] = _old_logps(trainer, out, batch, width_c)
+        unknown = sorted(
+            key
+            for key, value in batch.items()
+            if key not in out or (out[key] is value and getattr(value, "ndim", 0) > 0)
+        )
+        if unknown:
+            raise ValueError(
+                f"TRL's batch holds per-row entries the clone rows cannot extend ({unknown}): "
+                "set TRLRolloutConfig(train_clones=False), or use the trl version this adapter "
+                "was written against (1.16)"
+            )
+        loss_mask = out["completion_mask"] * out["tool_mask"]
+        out["num_items_in_batch"] = trainer.accelerator.gather(loss_mask.sum()).sum()
+        return out
+
+
+AgentFactory = Callable[[Any, SamplingConfig, int], Any]
+
+
+def _clone_controller(backend: Any, sampling: SamplingConfig, max_depth: int) -> Any:
+    """The default agent of :class:`TRLRollouts`: the clone controller."""
+    return CloneControllerAgent(backend, sampling, max_depth=max_depth)
+
+
+def _check_clone_settings(args: Any) -> None:
+    """Refuse the TRL settings that clone rows cannot honour, with what to change."""
+    import torch.distributed as dist
+
+    problems = []
+    if getattr(args, "beta", 0.0):
+        problems.append(f"beta={args.beta} (a KL term to a reference; use beta=0.0)")
+    if getattr(args, "use_vllm", False):
+        problems.append("use_vllm=True (the episodes are played by SelfCest's own driver)")
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        problems.append("several processes (the credit rule needs each group in one process)")
+    if problems:
+        raise ValueError(
+            "TRLRolloutConfig(train_clones=True) cannot train with "
+            + "; ".join(problems)
+            + "; change them, or set train_clones=False to train root rows only"
+        )
+
+
+def _old_logps(trainer: Any, out: dict[str, Any], batch: dict[str, Any], width: int) -> Any:
+    """The old per-token logprobs of every row of ``out``: TRL's for its rows (widened),
+    computed the way TRL does for the appended ones."""
+    import torch
+
+    rows = batch["prompt_ids"].shape[0]
+    old = batch["old_per_token_logps"]
+    old = torch.cat([old, old.new_zeros(old.shape[0], width - old.shape[1])], dim=1)
+    ids = torch.cat([out["prompt_ids"][rows:], out["completion_ids"][rows:]], dim=1)
+    mask = torch.cat([out["prompt_mask"][rows:], out["completion_mask"][rows:]], dim=1)
+    with torch.no_grad():
+        appended, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, mask, width, batch_size=trainer.args.per_device_train_batch_size
+        )
+    return torch.cat([old, appended])
+
+
+@functools.cache
+def selfcest_grpo_trainer() -> type:
+    """TRL's ``GRPOTrainer`` with clone contexts as rows (imported on first use: ``trl`` is
+    an optional extra).
+
+    After TRL has scored a batch of root rows, the subclass appends every clone context of
+    those episodes as a row (its prompt; its turns with the tool messages between them masked
+    out) and gives every row the advantage of the adapter's credit rule
+    (:meth:`TRLRollouts.with_clone_rows`), so TRL's loss trains root and clone turns in one
+    update. TRL's ``GRPOTrainer`` stays as it is; only ``_generate_and_score_completions``
+    (trl 1.16) is extended.
+    """
+    from trl import GRPOTrainer
+
+    class SelfCestGRPOTrainer(GRPOTrainer):  # type: ignore[misc, valid-type]
+        """``GRPOTrainer`` whose training batches hold every context of SelfCest episodes."""
+
+        def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+            batch = super()._generate_and_score_completions(inputs)
+            rollouts = self.rollout_func
+            if not self.model.training or not isinstance(rollouts, TRLRollouts):
+                return batch
+            return rollouts.with_clone_rows(self, batch)
+
+    return SelfCestGRPOTrainer
