@@ -38,7 +38,7 @@ import pyarrow as pa
 from selfcest_env.budget import METER_NAMES
 from selfcest_env.harness.errors import ResultsError
 from selfcest_env.harness.files import atomic_write_bytes
-from selfcest_env.harness.leaderboard import SkippedRun, scan_run_folders
+from selfcest_env.harness.leaderboard import SkippedRun, identity_columns, scan_run_folders
 from selfcest_env.harness.store import RunData, load_run
 from selfcest_env.protocol import clean_text
 from selfcest_env.trace import EpisodeTrace, TraceError
@@ -143,22 +143,6 @@ def _runs(root: str | Path) -> Iterator[RunData]:
         logger.warning("skipped run folder %s: %s", skip.path, skip.reason)
 
 
-def _identity(run: RunData) -> dict[str, Any]:
-    spec = run.spec
-    return {
-        "run_id": run.path.name,
-        "env_id": spec.env_id,
-        "source": spec.source,
-        "split": spec.split,
-        "variant": spec.variant,
-        "agent": spec.agent,
-        "model": spec.model,
-        "backend": spec.backend,
-        "budget": spec.budget_label,
-        "seed": int(spec.seed),
-    }
-
-
 def _episode_row(identity: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
     meters = record["meters"]
     return {
@@ -202,17 +186,8 @@ def _context_rows(run_id: str, record: dict[str, Any]) -> list[dict[str, Any]]:
             "peak_context_tokens": context.usage.peak_context_tokens,
             "messages": [dict(message) for message in context.messages],
             "turns": [
-                {
-                    "index": turn.index,
-                    "prompt_tokens": turn.prompt_tokens,
-                    "gen_tokens": turn.gen_tokens,
-                    "text": turn.text,
-                    "token_ids": None if turn.token_ids is None else list(turn.token_ids),
-                    "logprobs": None if turn.logprobs is None else list(turn.logprobs),
-                    "truncated": turn.truncated,
-                    "children": list(turn.children),
-                }
-                for turn in context.turns
+                {name: row[name] for name in _TURN.names}
+                for row in (turn.to_dict() for turn in context.turns)
             ],
         }
         for context in trace.contexts
@@ -226,7 +201,7 @@ def export_tables(root: str | Path) -> tuple[pa.Table, pa.Table]:
     episodes: list[dict[str, Any]] = []
     contexts: list[dict[str, Any]] = []
     for run in _runs(root):
-        identity = _identity(run)
+        identity = identity_columns(run.path, run.spec)
         for record in sorted(run.episodes, key=lambda e: e["episode"]):
             episodes.append(_clean(_episode_row(identity, record)))
             if "trace" not in record:

@@ -40,7 +40,7 @@ from selfcest_env.episodes import (
 )
 from selfcest_env.harness.errors import ResultsError
 from selfcest_env.harness.files import atomic_write_text
-from selfcest_env.harness.runspec import SPEC_FILE
+from selfcest_env.harness.runspec import SPEC_FILE, RunSpec
 from selfcest_env.harness.store import EPISODES_FILE, ERRORS_FILE, STATS_FILE, is_run_dir, load_run
 from selfcest_env.text import printable
 
@@ -59,6 +59,7 @@ __all__ = [
     "build_leaderboard_rows",
     "collect_rows",
     "find_run_dirs",
+    "identity_columns",
     "scan_run_folders",
     "leaderboard_frame",
     "pareto_flags",
@@ -232,6 +233,23 @@ _STATS_COLUMNS: tuple[str, ...] = (
 )
 
 
+def identity_columns(path: Path, spec: RunSpec) -> dict[str, Any]:
+    """The columns that name a run: ``run_id`` (its folder's name), ``env_id``, ``source``,
+    ``split``, ``variant``, ``agent``, ``model``, ``backend``, ``budget``, ``seed``."""
+    return {
+        "run_id": path.name,
+        "env_id": spec.env_id,
+        "source": spec.source,
+        "split": spec.split,
+        "variant": spec.variant,
+        "agent": spec.agent,
+        "model": spec.model,
+        "backend": spec.backend,
+        "budget": spec.budget_label,
+        "seed": int(spec.seed),
+    }
+
+
 def run_row(path: str | Path, episodes: int | None = None) -> dict[str, Any] | None:
     """The leaderboard row of one run folder (without Pareto flags); ``None`` if it has no
     complete episode yet. ``episodes``: count only episodes ``0 .. episodes - 1`` (what a run
@@ -246,19 +264,7 @@ def run_row(path: str | Path, episodes: int | None = None) -> dict[str, Any] | N
     if n == 0:
         logger.warning("skipping run %s: no episodes yet", path)
         return None
-    spec = run.spec
-    row: dict[str, Any] = {
-        "run_id": Path(path).name,
-        "env_id": spec.env_id,
-        "source": spec.source,
-        "split": spec.split,
-        "variant": spec.variant,
-        "agent": spec.agent,
-        "model": spec.model,
-        "backend": spec.backend,
-        "budget": spec.budget_label,
-        "seed": int(spec.seed),
-    }
+    row = identity_columns(Path(path), run.spec)
     for key in _STATS_COLUMNS:
         row[key] = stats[key]
     row["answered_rate"] = stats["n_answered"] / n
