@@ -102,12 +102,10 @@ def load_checkpoint(folder: Path, policy: Policy, optimizer: torch.optim.Optimiz
 
 
 def freeze_start_as_reference(out: Path, policy: Policy) -> None:
-    """Full fine-tuning: make the weights of :data:`START` the policy's frozen KL reference,
-    leaving its current weights as they are (LoRA needs nothing: its reference is the base)."""
+    """Make the weights of :data:`START` the policy's frozen KL reference (the whole model, or
+    with LoRA the adapter), leaving its current weights as they are."""
     from safetensors.torch import load_file
 
-    if policy.lora:
-        return
     current = policy.trainable_state()
     policy.load_trainable_state(load_file(str(out / "checkpoints" / START / WEIGHTS)))
     policy.freeze_reference()

@@ -36,11 +36,22 @@ class LossConfig:
         clip_ratio: PPO clip range of the probability ratio.
         kl_coef: Weight of the k3 KL penalty to the frozen reference (0: off, no reference pass).
         aggregation: ``token-mean`` or ``sequence-mean``.
+        kl_reference: What the KL penalty pulls towards: ``start``, the policy at the start of
+            GRPO (after the warm start: with LoRA a frozen copy of the adapter, so that RL keeps
+            what imitation taught), or ``base``, the model without adapters (LoRA only).
+            ``None``: ``base`` with LoRA, ``start`` with full fine-tuning.
     """
 
     clip_ratio: float = 0.2
     kl_coef: float = 0.01
     aggregation: Aggregation = "token-mean"
+    kl_reference: Literal["start", "base"] | None = None
+
+    def reference(self, lora: bool) -> Literal["start", "base"]:
+        """The KL reference in force (``kl_reference``, or its default for ``lora``)."""
+        if self.kl_reference is not None:
+            return self.kl_reference
+        return "base" if lora else "start"
 
     def __post_init__(self) -> None:
         if self.clip_ratio <= 0:
@@ -233,6 +244,11 @@ class TrainConfig:
             )
         if self.rollout.group_size < 2:
             raise ConfigError("rollout.group_size must be >= 2: GRPO compares rollouts of a task")
+        if self.loss.kl_reference == "base" and self.model.finetune == "full":
+            raise ConfigError(
+                "loss.kl_reference: base needs model.finetune: lora (full fine-tuning keeps no "
+                "copy of the base weights; use start)"
+            )
         if not 0.0 <= self.imitation.step_by_step_share <= 1.0:
             raise ConfigError(
                 f"imitation.step_by_step_share must be in [0, 1], got "

@@ -5,8 +5,10 @@ reference, checkpoints of its trainable weights and the exported result.
   model, ``scratch`` builds a small Llama from the ``scratch_*`` settings with a tokenizer trained
   on the task's text (:mod:`~selfcest_env.agents.training.tokenizer`).
 * ``finetune: lora`` wraps the model with ``peft`` LoRA adapters; the reference is the same
-  model with its adapters disabled (no second copy). ``finetune: full`` trains every weight; the
-  reference is a frozen copy of the weights training started from (after the warm start).
+  model with its adapters disabled (no second copy), or with ``loss.kl_reference: start`` a
+  frozen second adapter holding the adapter as GRPO started (after the warm start).
+  ``finetune: full`` trains every weight; the reference is a frozen copy of the weights
+  training started from (after the warm start).
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ from selfcest_env.agents.training.config import ModelSection
 from selfcest_env.agents.training.grpo import Batch, token_logprobs
 
 logger = logging.getLogger(__name__)
+
+#: peft's name of the adapter being trained.
+TRAINED_ADAPTER = "default"
+#: The frozen copy of the adapter at the start of GRPO (``loss.kl_reference: start``).
+REFERENCE_ADAPTER = "reference"
 
 
 def build_scratch_model(section: ModelSection, tokenizer: Any, seed: int) -> Any:
@@ -100,6 +107,7 @@ class Policy:
         self.tokenizer = tokenizer
         self.lora = lora
         self._reference: Any = None
+        self._reference_adapter = False
 
     @property
     def device(self) -> torch.device:
@@ -111,10 +119,27 @@ class Policy:
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def freeze_reference(self) -> None:
-        """Full fine-tuning: keep a frozen copy of the current weights as the KL reference."""
+        """Keep the current weights as the frozen KL reference: with full fine-tuning a copy of
+        the model, with LoRA a copy of the adapter as a second, frozen adapter
+        (:data:`REFERENCE_ADAPTER`). Without it, a LoRA policy's reference is the base model."""
         if not self.lora:
             self._reference = copy.deepcopy(self.model).eval()
             for parameter in self._reference.parameters():
+                parameter.requires_grad_(False)
+            return
+        model = self.model
+        if not self._reference_adapter:
+            model.add_adapter(REFERENCE_ADAPTER, model.peft_config[TRAINED_ADAPTER])
+            model.set_adapter(TRAINED_ADAPTER)
+            self._reference_adapter = True
+        with torch.no_grad():
+            weights = dict(model.named_parameters())
+            for name, parameter in weights.items():
+                marker = f".{TRAINED_ADAPTER}."
+                if marker in name:
+                    weights[name.replace(marker, f".{REFERENCE_ADAPTER}.")].copy_(parameter)
+        for name, parameter in model.named_parameters():
+            if f".{REFERENCE_ADAPTER}." in name:
                 parameter.requires_grad_(False)
 
     @torch.no_grad()
@@ -122,6 +147,12 @@ class Policy:
         self, batch: Batch, temperature: float, bf16: bool = False
     ) -> torch.Tensor:
         """Token logprobs of the frozen reference (see :func:`token_logprobs`)."""
+        if self.lora and self._reference_adapter:
+            self.model.set_adapter(REFERENCE_ADAPTER)
+            try:
+                return token_logprobs(self.model, batch, temperature, bf16)
+            finally:
+                self.model.set_adapter(TRAINED_ADAPTER)
         if self.lora:
             with self.model.disable_adapter():
                 return token_logprobs(self.model, batch, temperature, bf16)
@@ -154,7 +185,10 @@ class Policy:
     def export(self, folder: Path) -> None:
         """Save what inference needs: the LoRA adapter or the whole model, and the tokenizer."""
         folder.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(folder)
+        if self.lora:  # the trained adapter only, not the frozen reference
+            self.model.save_pretrained(folder, selected_adapters=[TRAINED_ADAPTER])
+        else:
+            self.model.save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)
 
     def backend(self, batch_size: int) -> Any:

@@ -416,7 +416,8 @@ class GRPOTrainer:
             done = 0
         self.train_log.truncate_after(done)
         self.eval_log.truncate_after(done)
-        freeze_start_as_reference(self.out, self.policy)
+        if config.loss.kl_coef > 0 and config.loss.reference(self.policy.lora) == "start":
+            freeze_start_as_reference(self.out, self.policy)
         bar = tqdm(
             total=config.optim.steps,
             initial=done,

@@ -278,3 +278,87 @@ def test_step_by_step_script_is_right_alone_and_cut_by_a_window():
     assert all(t.reward == 0.0 and t.meters["truncated_turns"] == 1 for t in cut)
     mixed = scripted_traces(make_env(None, 1), 4, parts=2, step_by_step_share=0.5)
     assert [len(t.contexts) > 1 for t in mixed] == [False, False, True, True]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("reference", "zero_kl_at_start"), [("start", True), ("base", False)])
+def test_lora_kl_reference_is_the_start_of_grpo_or_the_base(tmp_path, reference, zero_kl_at_start):
+    """With ``kl_reference: start`` a LoRA policy is pulled towards the adapter as GRPO
+    started (after imitation): before the first update the KL is 0, and after a resume the
+    reference is still that adapter, not the resumed one; with ``base`` it is the model
+    without adapters, which imitation has already moved away from. ``final/`` holds the
+    trained adapter only."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from selfcest_env.agents.backends.default_model import default_model_dir
+    from selfcest_env.agents.training.checkpoints import START, WEIGHTS
+    from selfcest_env.agents.training.grpo import collate, token_logprobs
+    from selfcest_env.agents.training.imitation import imitation_samples, scripted_traces
+
+    # A small Llama saved as a model folder (LoRA needs a model that is not built from scratch).
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    torch.manual_seed(0)
+    small = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    folder = tmp_path / "small-llama"
+    small.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    out = tmp_path / "run"
+    changes = {
+        "model.name": str(folder),
+        "model.finetune": "lora",
+        "model.lora_rank": 4,
+        "env.args": {"min_operators": 1, "max_operators": 2, "context_window": None},
+        "loss.kl_reference": reference,
+        "loss.kl_coef": 0.5,
+        "optim.skip_zero_advantage": False,  # the tiny model earns no reward: train on KL
+        "imitation.learning_rate": 0.05,
+    }
+    GRPOTrainer(tiny_config(out, steps=1, **changes)).run()
+    kl = float(read_csv(out / TRAIN_LOG)[0]["kl"])
+    assert (kl == 0.0) if zero_kl_at_start else (kl > 1e-4), kl
+    final = out / "final"
+    assert (final / "adapter_model.safetensors").is_file()
+    assert not (final / "reference").exists()
+    if reference != "start":
+        return
+    # The tiny model earns no reward, so GRPO does not move it: move the adapter of checkpoint
+    # 1 by hand, so that the resumed policy and the start of GRPO differ.
+    from safetensors.torch import save_file
+
+    moved = out / "checkpoints" / "step-000001" / WEIGHTS
+    save_file({k: v + 0.05 for k, v in load_file(str(moved)).items()}, str(moved))
+    trainer = GRPOTrainer(tiny_config(out, steps=2, **changes))
+    trainer.run()  # resumes from step 1
+    policy = trainer.policy
+    traces = scripted_traces(trainer.make_env_factory("train", policy.tokenizer), 2, parts=2)
+    batch = collate(imitation_samples(traces, policy.tokenizer)[:3], pad_id=0)
+    reference_logps = policy.reference_logprobs(batch, 1.0)
+    current = policy.trainable_state()
+    policy.load_trainable_state(load_file(str(out / "checkpoints" / START / WEIGHTS)))
+    with torch.no_grad():
+        start_logps = token_logprobs(policy.model, batch)
+    policy.load_trainable_state(current)
+    with torch.no_grad():
+        now_logps = token_logprobs(policy.model, batch)
+    scored = batch.mask > 0
+    assert torch.allclose(reference_logps[scored], start_logps[scored], atol=1e-5)
+    assert not torch.allclose(now_logps[scored], start_logps[scored], atol=1e-5)
+
+
+def test_kl_reference_base_needs_lora(tmp_path):
+    with pytest.raises(ConfigError, match="kl_reference: base needs model.finetune: lora"):
+        tiny_config(tmp_path, **{"loss.kl_reference": "base"})
