@@ -290,29 +290,17 @@ def test_lora_kl_reference_is_the_start_of_grpo_or_the_base(tmp_path, reference,
     trained adapter only."""
     import torch
     from safetensors.torch import load_file
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
     from selfcest_env.agents.backends.default_model import default_model_dir
     from selfcest_env.agents.training.checkpoints import START, WEIGHTS
     from selfcest_env.agents.training.grpo import collate, token_logprobs
     from selfcest_env.agents.training.imitation import imitation_samples, scripted_traces
+    from tests.training.small_models import small_llama
 
     # A small Llama saved as a model folder (LoRA needs a model that is not built from scratch).
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
-    torch.manual_seed(0)
-    small = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            max_position_embeddings=2048,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    )
+    small = small_llama(tokenizer, layers=1)
     folder = tmp_path / "small-llama"
     small.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

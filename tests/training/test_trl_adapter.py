@@ -29,6 +29,7 @@ from selfcest_env.budget import METER_NAMES  # noqa: E402
 from selfcest_env.protocol import Turn  # noqa: E402
 from selfcest_env.reward import CostPenalty  # noqa: E402
 from selfcest_env.rollout import ActionFailure, EpisodeSpec, run_episodes  # noqa: E402
+from tests.training.small_models import small_llama  # noqa: E402
 from tests.training.test_verl_export import TokenizedDelegator  # noqa: E402
 
 #: Every generated root token costs a little, so rollouts of one task differ in reward.
@@ -249,26 +250,6 @@ def test_a_root_without_tokens_becomes_a_masked_row(tokenizer):
         )
 
 
-def tiny_llama(tokenizer):
-    """A randomly initialised 2-layer Llama over the real tokenizer (seeded)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    return LlamaForCausalLM(config)
-
-
 def clone_trainer(tokenizer, tmp_path, steps: int, learning_rate: float = 0.0):
     """TRL's trainer through the adapter with clone rows, the episodes played by the tokenized
     scripted delegator (its root spawns two clones; odd episodes answer wrong): every batch
@@ -295,7 +276,7 @@ def clone_trainer(tokenizer, tmp_path, steps: int, learning_rate: float = 0.0):
         save_strategy="no",
         seed=0,
     )
-    trainer = rollouts.trainer(tiny_llama(tokenizer), args)
+    trainer = rollouts.trainer(small_llama(tokenizer), args)
     batches = []
     score = trainer._generate_and_score_completions
 
@@ -374,5 +355,5 @@ def test_clone_tokens_receive_gradient_and_clone_behaviour_moves(tokenizer, tmp_
     # Behaviour: three steps made the credited clone answers more likely than at the start (the
     # same seeded initial weights).
     trained = clone_logprob(model)
-    untrained = clone_logprob(tiny_llama(tokenizer))
+    untrained = clone_logprob(small_llama(tokenizer))
     assert trained > untrained + 0.5, (untrained, trained)
