@@ -34,8 +34,9 @@ class EnvConfig:
         reveal_answer: Put the gold answer into the final ``info`` (off, so that agents cannot
             read labels by accident).
         max_prompt_chars: Upper bound of the prompt and action text spaces (characters; a
-            million by default, far above what a model's window holds). ``AsyncVectorEnv``'s
-            shared memory reserves 4 bytes per character per env.
+            million by default, far above what a model's window holds). A context whose prompt
+            would grow past it fails with ``context limit``, and its turns are cut to the room
+            left. ``AsyncVectorEnv``'s shared memory reserves 4 bytes per character per env.
         grade_timeout_s: Seconds the task's grader may take before the answer scores 0 with the
             reason in ``info["grade_error"]`` (``None``: no limit); see
             :mod:`selfcest_env.safe_grading`. Generous by default: the math grader's first call

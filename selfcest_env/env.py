@@ -30,8 +30,10 @@ from selfcest_env.observations import context_info, observation
 from selfcest_env.prompts import (
     answer_line,
     clone_user_message,
+    render_messages,
     root_user_message,
     tool_message,
+    turn_chars_left,
 )
 from selfcest_env.protocol import (
     Action,
@@ -303,6 +305,7 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         """
         context.status = "runnable"
         context.prompt_length = self.counter.count_messages(context.messages)
+        context.prompt_chars = len(render_messages(context.messages))
         context.length = context.prompt_length
         context.peak_length = max(context.peak_length, context.length)
         self._ledger.record_length(context.length, context.parent is None)
@@ -323,7 +326,7 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         cannot act."""
         window = self.limits.context_window
         room = math.inf if window is None else window - context.prompt_length
-        if room <= 0:
+        if room <= 0 or turn_chars_left(context.prompt_chars, self.config.max_prompt_chars) <= 0:
             return 0, "context limit"
         budget = self._ledger.remaining_gen_tokens()
         if budget <= 0:
@@ -345,7 +348,7 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
             allowance,
             self.limits.context_window,
             self.counter,
-            self.config.max_prompt_chars,
+            turn_chars_left(context.prompt_chars, self.config.max_prompt_chars),
         )
 
     def _take_turn(self, context: Context, turn: TurnInput) -> None:
@@ -592,7 +595,13 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
 
     def _observe(self, context: Context) -> dict[str, Any]:
         allowance, _ = self._allowance(context)
-        return observation(context, allowance, self._ledger.remaining_gen_tokens(), self.limits)
+        return observation(
+            context,
+            allowance,
+            self._ledger.remaining_gen_tokens(),
+            self.limits,
+            self.config.max_prompt_chars,
+        )
 
     def _info(self, context: Context) -> dict[str, Any]:
         allowance, _ = self._allowance(context)

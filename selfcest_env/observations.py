@@ -28,13 +28,22 @@ def budgets(
 
 
 def observation(
-    context: Context, allowance: int | None, remaining_gen_tokens: int, limits: Limits
+    context: Context,
+    allowance: int | None,
+    remaining_gen_tokens: int,
+    limits: Limits,
+    max_prompt_chars: int,
 ) -> dict[str, Any]:
-    """The observation of ``context``: its id, depth, rendered prompt and budgets."""
+    """The observation of ``context``: its id, depth, rendered prompt and budgets.
+
+    A context whose prompt is longer than ``max_prompt_chars`` never acts (it fails with
+    ``context limit``); where it is still observed (the root at the end of an episode, or at a
+    reset whose first step ends it) the prompt shows its first ``max_prompt_chars`` characters.
+    """
     obs: dict[str, Any] = {
         "context_id": np.array(context.id, dtype=np.int64),
         "depth": np.array(context.depth, dtype=np.int64),
-        "prompt": render_messages(context.messages),
+        "prompt": render_messages(context.messages)[:max_prompt_chars],
     }
     for key, value in budgets(context, allowance, remaining_gen_tokens, limits).items():
         obs[key] = np.array(value, dtype=np.float64)

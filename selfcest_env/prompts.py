@@ -168,3 +168,16 @@ def render_messages(messages: list[dict[str, str]]) -> str:
         f"{_HEADER_OPEN}{m['role']}|>\n{m['content'].replace(_HEADER_OPEN, _HEADER_OPEN_ESCAPED)}"
         for m in messages
     )
+
+
+#: What :func:`render_messages` adds before an assistant turn: the newline and its header line.
+_TURN_HEADER_CHARS = len(f"\n{_HEADER_OPEN}assistant|>\n")
+
+
+def turn_chars_left(prompt_chars: int, max_prompt_chars: int) -> int:
+    """The most characters a turn may have so that a rendered prompt of ``prompt_chars``
+    characters, with the turn appended, stays within ``max_prompt_chars`` (0: no room).
+
+    A turn's character renders as at most 1.5 (``<|`` is written ``<\\|``), after its header.
+    """
+    return max(0, (max_prompt_chars - prompt_chars - _TURN_HEADER_CHARS) * 2 // 3)

@@ -75,6 +75,7 @@ class Context:
     gen_tokens: int = 0
     critical_path_tokens: int = 0
     prompt_length: int = 0
+    prompt_chars: int = 0
     length: int = 0
     peak_length: int = 0
     answer: str | None = None

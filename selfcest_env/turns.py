@@ -117,7 +117,7 @@ def bounded_turn(
     allowance: int | None,
     context_window: int | None,
     counter: TokenCounter,
-    max_prompt_chars: int,
+    max_turn_chars: int,
 ) -> TurnInput:
     """``action`` cut to the bounds of a turn (:func:`~selfcest_env.protocol.clip_action`),
     then normalised; the bounds follow the token limits, never the action's size.
@@ -126,13 +126,13 @@ def bounded_turn(
     the counter can spell (:func:`~selfcest_env.tokens.chars_per_token`), so the cut changes no
     count: ``tokens`` is the turn's ``allowance`` for a turn charged by counting its text, and
     the ``context_window`` for a turn charged by its token ids (its text is not counted now, but
-    it joins the context, which holds at most a window); ``max_prompt_chars`` where that is
-    unlimited. Token ids keep one more than the allowance, so that a longer turn is still
-    truncated to it.
+    it joins the context, which holds at most a window); never more than ``max_turn_chars``,
+    the room the context's prompt leaves (:func:`~selfcest_env.prompts.turn_chars_left`).
+    Token ids keep one more than the allowance, so that a longer turn is still truncated to it.
     """
     has_ids = getattr(action, "token_ids", None) is not None
     tokens = context_window if has_ids else allowance
-    max_chars = max_prompt_chars
+    max_chars = max_turn_chars
     if tokens is not None:
         max_chars = min(max_chars, chars_per_token(counter) * (tokens + 1))
     max_ids = None if allowance is None else allowance + 1

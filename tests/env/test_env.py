@@ -211,6 +211,37 @@ def test_turns_are_cut_to_the_window_and_the_turn_cap(arithmetic_tasks):
     assert info["trace"]["contexts"][0]["turns"][0]["token_ids"] == list(range(8))
 
 
+@pytest.mark.parametrize("filler", ["x" * 5000, "<|" * 2500, "<tool_call>oops</tool_call>" * 200])
+def test_prompts_never_outgrow_the_observation_space(arithmetic_tasks, filler):
+    """Without token limits, turns are cut to the room ``max_prompt_chars`` leaves, and a
+    context whose prompt would grow past it fails with ``context limit``."""
+    env = SelfCestEnv(arithmetic_tasks, EnvConfig(max_prompt_chars=3000))
+    obs, info = env.reset(seed=0)
+    steps = 0
+    while True:
+        assert env.observation_space.contains(obs)
+        obs, reward, terminated, truncated, info = env.step("<tool_call>{}</tool_call>" + filler)
+        steps += 1
+        if terminated or truncated:
+            break
+    assert env.observation_space.contains(obs)
+    assert info["end_reason"] == "context_limit" and info["score"] == 0.0
+    assert steps > 1 and info["meters"]["truncated_turns"] >= 1
+    env.reset(seed=0)
+    for _ in range(20):
+        obs, *_, terminated, truncated, info = env.step(Spawn(["z" * 900] * 2))
+        assert env.observation_space.contains(obs)
+        if terminated or truncated:
+            break
+        obs, *_, terminated, truncated, info = env.step_many(
+            {cid: "Answer: " + "9" * 1500 for cid in env.runnable()}
+        )
+        assert env.observation_space.contains(obs)
+        if terminated or truncated:
+            break
+    assert info["end_reason"] == "context_limit"
+
+
 def test_generation_budget(arithmetic_tasks):
     env = SelfCestEnv(arithmetic_tasks, EnvConfig(limits=Limits(gen_budget=12)))
     env.reset(seed=0)
