@@ -71,7 +71,10 @@ def main() -> None:
     baseline = None
     for bf16 in (False, True):
         for window in (1, LENGTH_WINDOW):
-            batches = length_grouped_batches(lengths, size, random.Random(0), window)
+            rng = random.Random(0)
+            order = list(range(len(lengths)))
+            rng.shuffle(order)
+            batches = length_grouped_batches(order, lengths, size, rng, window)
             timed = batches[: args.batches + 1]
             real = padded = 0
             seconds = 0.0

@@ -100,19 +100,22 @@ def imitation_samples(
 
 
 def length_grouped_batches(
-    lengths: Sequence[int], size: int, rng: random.Random, window: int = LENGTH_WINDOW
+    order: Sequence[int],
+    lengths: Sequence[int],
+    size: int,
+    rng: random.Random,
+    window: int = LENGTH_WINDOW,
 ) -> list[list[int]]:
-    """One epoch's batches of sample indices: a random order, sorted by length within windows
-    of ``window`` batches, cut into batches of ``size``, the batches shuffled (``window`` 1:
-    consecutive batches of the random order).
+    """One epoch's batches of sample indices from ``order`` (the epoch's random order of the
+    indices): sorted by length within windows of ``window`` batches, cut into batches of
+    ``size``, the batches shuffled with ``rng`` (``window`` 1: consecutive batches of
+    ``order``, ``rng`` unused).
 
     Batches hold samples of similar length (little padding: every row is computed to the
     batch's longest) while each window and the order of the batches stay random.
     """
-    order = list(range(len(lengths)))
-    rng.shuffle(order)
     if window <= 1:  # plain random batches
-        return [order[i : i + size] for i in range(0, len(order), size)]
+        return [list(order[i : i + size]) for i in range(0, len(order), size)]
     span = size * window
     batches: list[list[int]] = []
     for start in range(0, len(order), span):
@@ -148,14 +151,16 @@ def imitate(
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / total)
     device = next(model.parameters()).device
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    order = list(range(len(samples)))
     rng = random.Random(seed)
     losses: list[float] = []
     model.train()
     bar = tqdm(total=total, desc="imitation", unit="step", disable=not progress)
     try:
         for _ in range(section.epochs):
+            rng.shuffle(order)
             window = LENGTH_WINDOW if section.group_by_length else 1
-            for indices in length_grouped_batches(lengths, size, rng, window):
+            for indices in length_grouped_batches(order, lengths, size, rng, window):
                 chunk = [samples[i] for i in indices]
                 batch = collate(chunk, pad_id=pad_id).to(device)
                 loss = nll_loss(
