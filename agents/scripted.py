@@ -12,7 +12,8 @@ of the tree they build and therefore what the ledger charges.
   ``parts`` chunks, spawns one clone per chunk, and adds up what the clones return; clones that
   may spawn in turn (``max_depth > 1``) split their chunk again. With ``leaf_steps`` the
   clones that cannot spawn work their chunk out as :class:`ScriptedStepByStep` does (what a
-  model clone has to write), instead of answering at once.
+  model clone has to write), instead of answering at once; with ``sum_steps`` a context that
+  spawned adds its clones' answers up the same way, one running total per line.
 """
 
 from __future__ import annotations
@@ -158,15 +159,18 @@ class ScriptedDelegator(ScriptedAgent):
         parts: Chunks (clones) per spawn; keep it within the env's ``max_clones_per_call``.
         shared_context: Keys passed with every spawn (to exercise context routing).
         leaf_steps: Contexts that cannot spawn write their running totals before the answer.
+        sum_steps: Contexts that spawned write the running totals of their clones' answers
+            before the answer.
     """
 
     parts: int = 3
     shared_context: tuple[str, ...] = ()
     leaf_steps: bool = False
+    sum_steps: bool = False
     name: str = "scripted-delegate"
     info: ClassVar[AgentInfo] = AgentInfo(
         needs_backend=False,
-        options={"parts": OptionRange(int, 1), "leaf_steps": None},
+        options={"parts": OptionRange(int, 1), "leaf_steps": None, "sum_steps": None},
         description="exact arithmetic split over clones, no model (tests, reference)",
     )
 
@@ -174,7 +178,7 @@ class ScriptedDelegator(ScriptedAgent):
         """Spawn on a fresh context that may spawn; sum the returned lines afterwards."""
         messages = info["messages"]
         if messages[-1]["role"] == "tool":
-            return Return(str(self._sum_answers(messages[-1]["content"])))
+            return self._add_up(messages[-1]["content"])
         expression = expression_of(messages)
         terms = top_level_terms(expression)
         if not info["tools"] or len(terms) < 2:
@@ -186,12 +190,22 @@ class ScriptedDelegator(ScriptedAgent):
         ]
         return Spawn(objectives, shared_context=self.shared_context)
 
-    @staticmethod
-    def _sum_answers(tool_message: str) -> int | str:
-        total = 0
+    def _add_up(self, tool_message: str) -> Return:
+        """The sum of the clones' answers (``unknown`` when a line is not a number), with its
+        running totals written before it when ``sum_steps``."""
+        values = []
         for line in tool_message.splitlines():
             match = _LINE.match(line.strip())
             if match is None:
-                return "unknown"
-            total += int(match.group("value"))
-        return total
+                return Return("unknown")
+            values.append(int(match.group("value")))
+        total = sum(values)
+        if not self.sum_steps or len(values) < 2:
+            return Return(str(total))
+        running = values[0]
+        lines = []
+        for value in values[1:]:
+            lines.append(f"{running}{value:+d}={running + value}")
+            running += value
+        lines.append(f"Answer: {total}")
+        return Return(str(total), text="\n".join(lines))

@@ -27,7 +27,7 @@ from selfcest_env.agents.training.imitation import (
     LENGTH_WINDOW,
     imitation_samples,
     length_grouped_batches,
-    scripted_traces,
+    section_traces,
 )
 from selfcest_env.agents.training.policy import load_base_model, make_policy
 from selfcest_env.agents.training.trainer import GRPOTrainer
@@ -48,13 +48,8 @@ def main() -> None:
     base, tokenizer = load_base_model(config.model, None, config.seed)
     policy = make_policy(config.model, base, tokenizer)
     section = config.imitation
-    traces = scripted_traces(
-        trainer.make_env_factory("train", policy.tokenizer),
-        args.episodes,
-        section.parts,
-        config.seed,
-        section.step_by_step_share,
-        section.leaf_steps,
+    traces = section_traces(
+        trainer.make_env_factory("train", policy.tokenizer), section, args.episodes, config.seed
     )
     samples = imitation_samples(traces, policy.tokenizer)
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]

@@ -169,6 +169,11 @@ class ImitationSection:
         "answering (what a model clone has to learn) instead of answering at once",
         default=False,
     )
+    sum_steps: bool = _help(
+        "the scripted delegator adds its clones' answers up one running total per line before "
+        "answering (what a model root has to learn) instead of answering the sum at once",
+        default=False,
+    )
     step_by_step_share: float = _help(
         "share of the episodes solved in one context by the step-by-step script instead "
         "(the policy then has to learn by RL that delegating pays)",

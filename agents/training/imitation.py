@@ -60,19 +60,28 @@ def scripted_traces(
     seed: int = 0,
     step_by_step_share: float = 0.0,
     leaf_steps: bool = False,
+    sum_steps: bool = False,
 ) -> list[EpisodeTrace]:
     """Traces of ``episodes`` training episodes (instances ``0 .. episodes - 1``): the first
     ``round(step_by_step_share * episodes)`` played by ``ScriptedStepByStep``, the others by
-    ``ScriptedDelegator(parts, leaf_steps=leaf_steps)``.
+    ``ScriptedDelegator(parts, leaf_steps=leaf_steps, sum_steps=sum_steps)``.
 
     A delegated episode that ends wrong means the env's limits cut it (a turn or context longer
     than allowed): that is logged as a warning, since the policy would imitate the cut text.
     """
     if not 0.0 <= step_by_step_share <= 1.0:
         raise ValueError(f"step_by_step_share must be in [0, 1], got {step_by_step_share}")
+    most = make_env().limits.max_clones_per_call
+    if most is not None and parts > most:
+        raise ValueError(
+            f"the scripted delegator spawns up to {parts} clones per call (imitation.parts) but "
+            f"the env starts at most {most} (max_clones_per_call), so the extra clones would "
+            f"fail and the traces teach a wrong answer; lower imitation.parts or raise the "
+            f"env's max_clones_per_call"
+        )
     alone = round(step_by_step_share * episodes)
     solved_alone = _play(make_env, ScriptedStepByStep(), range(alone), seed)
-    delegator = ScriptedDelegator(parts=parts, leaf_steps=leaf_steps)
+    delegator = ScriptedDelegator(parts=parts, leaf_steps=leaf_steps, sum_steps=sum_steps)
     delegated = _play(make_env, delegator, range(alone, episodes), seed)
     wrong = [result for result in delegated if not result.correct]
     if wrong:
@@ -84,6 +93,21 @@ def scripted_traces(
             ", ".join(sorted({result.end_reason for result in wrong})),
         )
     return [as_episode_trace(r.trace) for r in solved_alone + delegated if r.trace is not None]
+
+
+def section_traces(
+    make_env: Callable[[], Any], section: ImitationSection, episodes: int, seed: int
+) -> list[EpisodeTrace]:
+    """:func:`scripted_traces` of ``episodes`` episodes with the teacher ``section`` names."""
+    return scripted_traces(
+        make_env,
+        episodes,
+        section.parts,
+        seed,
+        section.step_by_step_share,
+        section.leaf_steps,
+        section.sum_steps,
+    )
 
 
 def imitation_samples(

@@ -53,7 +53,7 @@ from selfcest_env.agents.training.config import (
     resumable_with,
 )
 from selfcest_env.agents.training.credit import assign_advantages
-from selfcest_env.agents.training.imitation import imitate, imitation_samples, scripted_traces
+from selfcest_env.agents.training.imitation import imitate, imitation_samples, section_traces
 from selfcest_env.agents.training.policy import Policy, load_base_model, make_policy
 from selfcest_env.agents.training.samples import Sample, trace_samples
 from selfcest_env.agents.training.tokenizer import render_conversations, train_chat_tokenizer
@@ -195,14 +195,7 @@ class GRPOTrainer:
         # Counted with the offline counter, the limits would cut the corpus: lift them.
         make_env = self.make_env_factory("train", None, context_window=None, max_new_tokens=None)
         imitation = self.config.imitation
-        traces = scripted_traces(
-            make_env,
-            section.tokenizer_episodes,
-            imitation.parts,
-            self.config.seed,
-            imitation.step_by_step_share,
-            imitation.leaf_steps,
-        )
+        traces = section_traces(make_env, imitation, section.tokenizer_episodes, self.config.seed)
         tokenizer = train_chat_tokenizer(render_conversations(traces), section.tokenizer_vocab)
         tokenizer.save_pretrained(folder)
         logger.info("trained a %d-token tokenizer into %s", len(tokenizer), folder)
@@ -372,13 +365,8 @@ class GRPOTrainer:
         self.evaluate("init", 0)
         if config.imitation.episodes > 0:
             make_env = self.make_env_factory("train", self.policy.tokenizer)
-            traces = scripted_traces(
-                make_env,
-                config.imitation.episodes,
-                config.imitation.parts,
-                config.seed,
-                config.imitation.step_by_step_share,
-                config.imitation.leaf_steps,
+            traces = section_traces(
+                make_env, config.imitation, config.imitation.episodes, config.seed
             )
             samples = imitation_samples(traces, self.policy.tokenizer)
             imitate(

@@ -129,7 +129,11 @@ def plugins(install: Install, tmp_path: Path) -> str:
 
 def test_names_are_matched_without_case_or_blanks() -> None:
     assert agent_info(" Monolithic ").name == "monolithic"
-    assert agent_class("SCRIPTED-delegate").info.options.keys() == {"parts", "leaf_steps"}
+    assert agent_class("SCRIPTED-delegate").info.options.keys() == {
+        "parts",
+        "leaf_steps",
+        "sum_steps",
+    }
     assert backend_class(" OpenAI").name == "openai"
     assert credit_rule("Shared") is credit_rule("shared")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 
-from selfcest_env.agents.scripted import ScriptedDelegator, ScriptedMonolithic
+from selfcest_env.agents.scripted import ScriptedDelegator, ScriptedMonolithic, evaluate_expression
 from selfcest_env.rollout import episode_specs, run_episodes
 
 
@@ -96,3 +96,32 @@ def test_a_delegator_with_leaf_steps_writes_the_running_totals_in_its_leaves(dep
             assert all("=" in line for line in lines[:-1])
         assert b.meters["gen_tokens"] > a.meters["gen_tokens"]
         assert len(c.trace["contexts"]) == 1 and len(c.trace["contexts"][0]["turns"]) == 1
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("parts", [2, 3, 4])
+def test_a_delegator_with_sum_steps_adds_its_clones_answers_up_line_by_line(depth, parts):
+    def sums():
+        env = gym.make(
+            "SelfCest-Math-v0",
+            preset="long-sum",
+            operator_weights={"+": 1, "-": 1},
+            max_depth=depth,
+            max_new_tokens=None,
+            max_clones_per_call=parts,
+        )
+        return env.unwrapped
+
+    policy = ScriptedDelegator(parts=parts, leaf_steps=True, sum_steps=True)
+    specs = episode_specs(range(6), 0)
+    for result in run_episodes(sums, policy, specs, parallel=6, keep_traces=True, progress=False):
+        assert result.correct
+        spawners = [c for c in result.trace["contexts"] if c["turns"][0]["children"]]
+        assert spawners
+        for context in spawners:
+            clones = len(context["turns"][0]["children"])
+            lines = context["turns"][-1]["text"].splitlines()
+            assert len(lines) == clones and lines[-1].startswith("Answer: ")
+            for line in lines[:-1]:  # "<running><+/-value>=<new running>", exact
+                left, right = line.split("=")
+                assert evaluate_expression(left) == int(right)

@@ -278,6 +278,13 @@ def test_step_by_step_script_is_right_alone_and_cut_by_a_window():
     assert all(t.reward == 0.0 and t.meters["truncated_turns"] == 1 for t in cut)
     mixed = scripted_traces(make_env(None, 1), 4, parts=2, step_by_step_share=0.5)
     assert [len(t.contexts) > 1 for t in mixed] == [False, False, True, True]
+    # More clones per call than the env starts: the extra ones would fail, so it is refused.
+    with pytest.raises(ValueError, match="imitation.parts.*max_clones_per_call"):
+        scripted_traces(make_env(None, 1), 4, parts=4)
+    summed = scripted_traces(make_env(None, 1), 2, parts=3, leaf_steps=True, sum_steps=True)
+    for trace in summed:
+        assert trace.reward == 1.0 and len(trace.contexts) == 4
+        assert trace.root.turns[-1].text.count("=") == 2  # three answers, two running totals
 
 
 @pytest.mark.slow
