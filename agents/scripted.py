@@ -82,9 +82,11 @@ def top_level_terms(expression: str) -> list[str]:
     return [term for term in terms if term]
 
 
-def chunk_terms(terms: Sequence[str], parts: int) -> list[str]:
-    """Group consecutive terms into at most ``parts`` sub-expressions whose values sum up."""
-    size = -(-len(terms) // max(1, parts))
+def chunk_terms(terms: Sequence[str], parts: int, size: int | None = None) -> list[str]:
+    """Group consecutive terms into sub-expressions whose values sum up: at most ``parts`` of
+    equal length, or, with ``size``, ``size`` terms each (the last one shorter)."""
+    if size is None:
+        size = -(-len(terms) // max(1, parts))
     chunks = []
     for start in range(0, len(terms), size):
         text = " ".join(terms[start : start + size])
@@ -161,16 +163,24 @@ class ScriptedDelegator(ScriptedAgent):
         leaf_steps: Contexts that cannot spawn write their running totals before the answer.
         sum_steps: Contexts that spawned write the running totals of their clones' answers
             before the answer.
+        chunk_size: Terms per clone (the last clone takes the rest) instead of ``parts``
+            equal chunks: a split a model can make without counting the terms first.
     """
 
     parts: int = 3
     shared_context: tuple[str, ...] = ()
     leaf_steps: bool = False
     sum_steps: bool = False
+    chunk_size: int | None = None
     name: str = "scripted-delegate"
     info: ClassVar[AgentInfo] = AgentInfo(
         needs_backend=False,
-        options={"parts": OptionRange(int, 1), "leaf_steps": None, "sum_steps": None},
+        options={
+            "parts": OptionRange(int, 1),
+            "leaf_steps": None,
+            "sum_steps": None,
+            "chunk_size": OptionRange(int, 1),
+        },
         description="exact arithmetic split over clones, no model (tests, reference)",
     )
 
@@ -186,7 +196,8 @@ class ScriptedDelegator(ScriptedAgent):
                 return ScriptedStepByStep().act(observation, info)
             return Return(str(evaluate_expression(expression)))
         objectives = [
-            f"Calculate the value of {chunk}." for chunk in chunk_terms(terms, self.parts)
+            f"Calculate the value of {chunk}."
+            for chunk in chunk_terms(terms, self.parts, self.chunk_size)
         ]
         return Spawn(objectives, shared_context=self.shared_context)
 

@@ -174,6 +174,11 @@ class ImitationSection:
         "answering (what a model root has to learn) instead of answering the sum at once",
         default=False,
     )
+    chunk_size: int | None = _help(
+        "terms per clone of the scripted delegator (the last takes the rest) instead of "
+        "`parts` equal chunks; keep ceil(terms / chunk_size) within max_clones_per_call",
+        default=None,
+    )
     step_by_step_share: float = _help(
         "share of the episodes solved in one context by the step-by-step script instead "
         "(the policy then has to learn by RL that delegating pays)",
@@ -234,6 +239,7 @@ class TrainConfig:
             "imitation.epochs": self.imitation.epochs,
             "imitation.micro_batch_size": self.imitation.micro_batch_size,
             "imitation.parts": self.imitation.parts,
+            "imitation.chunk_size": self.imitation.chunk_size or 1,
             "eval.every": self.eval.every,
             "model.lora_rank": self.model.lora_rank,
         }

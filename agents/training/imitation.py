@@ -61,10 +61,11 @@ def scripted_traces(
     step_by_step_share: float = 0.0,
     leaf_steps: bool = False,
     sum_steps: bool = False,
+    chunk_size: int | None = None,
 ) -> list[EpisodeTrace]:
     """Traces of ``episodes`` training episodes (instances ``0 .. episodes - 1``): the first
     ``round(step_by_step_share * episodes)`` played by ``ScriptedStepByStep``, the others by
-    ``ScriptedDelegator(parts, leaf_steps=leaf_steps, sum_steps=sum_steps)``.
+    ``ScriptedDelegator(parts, leaf_steps, sum_steps=sum_steps, chunk_size=chunk_size)``.
 
     A delegated episode that ends wrong means the env's limits cut it (a turn or context longer
     than allowed): that is logged as a warning, since the policy would imitate the cut text.
@@ -81,7 +82,9 @@ def scripted_traces(
         )
     alone = round(step_by_step_share * episodes)
     solved_alone = _play(make_env, ScriptedStepByStep(), range(alone), seed)
-    delegator = ScriptedDelegator(parts=parts, leaf_steps=leaf_steps, sum_steps=sum_steps)
+    delegator = ScriptedDelegator(
+        parts=parts, leaf_steps=leaf_steps, sum_steps=sum_steps, chunk_size=chunk_size
+    )
     delegated = _play(make_env, delegator, range(alone, episodes), seed)
     wrong = [result for result in delegated if not result.correct]
     if wrong:
@@ -107,6 +110,7 @@ def section_traces(
         section.step_by_step_share,
         section.leaf_steps,
         section.sum_steps,
+        section.chunk_size,
     )
 
 

@@ -99,8 +99,8 @@ def test_a_delegator_with_leaf_steps_writes_the_running_totals_in_its_leaves(dep
 
 
 @pytest.mark.parametrize("depth", [1, 2])
-@pytest.mark.parametrize("parts", [2, 3, 4])
-def test_a_delegator_with_sum_steps_adds_its_clones_answers_up_line_by_line(depth, parts):
+@pytest.mark.parametrize(("parts", "size"), [(2, None), (3, None), (4, None), (4, 5)])
+def test_a_delegator_with_sum_steps_adds_its_clones_answers_up_line_by_line(depth, parts, size):
     def sums():
         env = gym.make(
             "SelfCest-Math-v0",
@@ -112,7 +112,7 @@ def test_a_delegator_with_sum_steps_adds_its_clones_answers_up_line_by_line(dept
         )
         return env.unwrapped
 
-    policy = ScriptedDelegator(parts=parts, leaf_steps=True, sum_steps=True)
+    policy = ScriptedDelegator(parts=parts, leaf_steps=True, sum_steps=True, chunk_size=size)
     specs = episode_specs(range(6), 0)
     for result in run_episodes(sums, policy, specs, parallel=6, keep_traces=True, progress=False):
         assert result.correct
@@ -120,6 +120,10 @@ def test_a_delegator_with_sum_steps_adds_its_clones_answers_up_line_by_line(dept
         assert spawners
         for context in spawners:
             clones = len(context["turns"][0]["children"])
+            if size is not None and context["parent"] is None:  # 16 terms: 5, 5, 5 and 1
+                objectives = [c["objective"] for c in result.trace["contexts"][1 : clones + 1]]
+                terms = [sum(ch.isdigit() for ch in o) for o in objectives]
+                assert terms == [5, 5, 5, 1], objectives
             lines = context["turns"][-1]["text"].splitlines()
             assert len(lines) == clones and lines[-1].startswith("Answer: ")
             for line in lines[:-1]:  # "<running><+/-value>=<new running>", exact
