@@ -239,7 +239,9 @@ class TrainConfig:
             "imitation.epochs": self.imitation.epochs,
             "imitation.micro_batch_size": self.imitation.micro_batch_size,
             "imitation.parts": self.imitation.parts,
-            "imitation.chunk_size": self.imitation.chunk_size or 1,
+            "imitation.chunk_size": 1
+            if self.imitation.chunk_size is None
+            else self.imitation.chunk_size,
             "eval.every": self.eval.every,
             "model.lora_rank": self.model.lora_rank,
         }

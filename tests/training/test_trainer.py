@@ -34,6 +34,7 @@ def test_every_recipe_loads():
         ({"optim": {"stepz": 3}}, "unknown key 'stepz' in optim"),
         ({"optim": {"steps": "ten"}}, "optim.steps must be int"),
         ({"optim": {"steps": 0}}, "optim.steps must be >= 1"),
+        ({"imitation": {"chunk_size": 0}}, "imitation.chunk_size must be >= 1"),
         ({"credit": {"rule": "coma"}}, "unknown credit rule 'coma'; valid names: reference"),
         ({"rollout": {"group_size": 1}}, "group_size must be >= 2"),
         ({"model": {"name": "scratch"}}, "finetune: full"),
