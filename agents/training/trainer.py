@@ -77,6 +77,8 @@ TRAIN_COLUMNS: tuple[str, ...] = (
     "accuracy",
     "answered",
     "spawn_rate",
+    "spawned_accuracy",
+    "alone_accuracy",
     "samples",
     "root_samples",
     "trainable_tokens",
@@ -102,27 +104,44 @@ EVAL_COLUMNS: tuple[str, ...] = (
     "reward_mean",
     "answered",
     "spawn_rate",
+    "spawned_accuracy",
+    "alone_accuracy",
     "wall_s",
 )
 METER_COLUMNS: tuple[str, ...] = tuple(f"{name}_mean" for name in METER_NAMES)
 
 
-def episode_summary(results: Sequence[EpisodeResult]) -> dict[str, float]:
+def episode_summary(results: Sequence[EpisodeResult]) -> dict[str, float | str]:
     """Mean reward, accuracy, share answered, share that spawned at least one clone
-    (``spawn_rate``) and every meter's mean over ``results``, from
-    :func:`~selfcest_env.episodes.compute_stats` (0 where there are no episodes)."""
+    (``spawn_rate``), the accuracy of the episodes that spawned and of those that did not
+    (``spawned_accuracy``, ``alone_accuracy``: empty where there are none) and every meter's
+    mean over ``results``, from :func:`~selfcest_env.episodes.compute_stats`
+    (0 where there are no episodes)."""
     stats = compute_stats(result.to_record() for result in results)
-    spawned = sum(1 for result in results if result.meters.get("clones", 0) > 0)
+    spawned = [result for result in results if result.meters.get("clones", 0) > 0]
+    alone = [result for result in results if result.meters.get("clones", 0) == 0]
     summary = {
         "episodes": float(stats["n"]),
         "reward_mean": stats["mean_reward"] or 0.0,
         "accuracy": stats["accuracy"] or 0.0,
         "answered": stats["end_reasons"].get(ANSWERED, 0) / max(1, stats["n"]),
-        "spawn_rate": spawned / max(1, stats["n"]),
+        "spawn_rate": len(spawned) / max(1, stats["n"]),
+        "spawned_accuracy": _share_correct(spawned),
+        "alone_accuracy": _share_correct(alone),
     }
     for name in METER_NAMES:
         summary[f"{name}_mean"] = stats["meters"][name]["mean"] or 0.0
     return summary
+
+
+def _percent(share: float | str) -> str:
+    """``share`` as a percentage, ``-`` for an empty one."""
+    return f"{share:.0%}" if isinstance(share, float) else "-"
+
+
+def _share_correct(results: Sequence[EpisodeResult]) -> float | str:
+    """The share of ``results`` that are correct, ``""`` (an empty CSV cell) for none."""
+    return sum(result.correct for result in results) / len(results) if results else ""
 
 
 @dataclass
@@ -251,7 +270,8 @@ class GRPOTrainer:
             self.eval_log.append(row)
             rows.append(row)
             logger.info(
-                "eval %s step %d %s %s: accuracy %.3f reward %.3f spawn rate %.3f",
+                "eval %s step %d %s %s: accuracy %.3f reward %.3f spawn rate %.3f (accuracy "
+                "%s spawned, %s alone)",
                 phase,
                 step,
                 split,
@@ -259,6 +279,8 @@ class GRPOTrainer:
                 row["accuracy"],
                 row["reward_mean"],
                 row["spawn_rate"],
+                _percent(row["spawned_accuracy"]),
+                _percent(row["alone_accuracy"]),
             )
         return rows
 

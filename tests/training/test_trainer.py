@@ -188,6 +188,17 @@ def test_eval_variants_log_accuracy_and_spawn_rate_of_each(tmp_path):
         assert 0.0 <= float(row["spawn_rate"]) <= 1.0
         spawned = float(row["clones_mean"]) > 0
         assert (float(row["spawn_rate"]) > 0) == spawned
+        # Accuracy split by whether the episode spawned: empty where no episode did (or all
+        # did); the two shares weighted by the spawn rate give the accuracy.
+        rate = float(row["spawn_rate"])
+        assert (row["spawned_accuracy"] == "") == (rate == 0.0)
+        assert (row["alone_accuracy"] == "") == (rate == 1.0)
+        parts = [
+            (rate, row["spawned_accuracy"]),
+            (1 - rate, row["alone_accuracy"]),
+        ]
+        mixed = sum(share * float(value) for share, value in parts if value != "")
+        assert mixed == pytest.approx(float(row["accuracy"]), abs=1e-5)
     by_key = {(r["phase"], r["variant"]): r for r in rows}
     assert by_key[("grpo", "train")]["accuracy"] == by_key[("grpo", "same")]["accuracy"]
     assert float(read_csv(tmp_path / "run" / TRAIN_LOG)[0]["spawn_rate"]) >= 0.0
