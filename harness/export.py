@@ -156,7 +156,7 @@ def _episode_row(identity: dict[str, Any], record: dict[str, Any]) -> dict[str, 
         "end_reason": record["end_reason"],
         "answer": record["answer"],
         "grade_error": record.get("grade_error"),
-        **{name: meters[name] for name in METER_NAMES},
+        **{name: meters.get(name) for name in METER_NAMES},  # None: a meter newer than the run
         "wall_time_s": meters["wall_time_s"],
         "has_trace": "trace" in record,
     }

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 METER_LABELS: dict[str, str] = {
     "gen_tokens": "generated tokens per episode, all contexts (mean, tokens)",
     "prompt_tokens": "prompt (prefill) tokens per episode (mean, tokens)",
+    "uncached_prompt_tokens": ("prefill a prefix cache cannot save per episode (mean, tokens)"),
     "critical_path_tokens": (
         "critical-path tokens per episode, sequential generation (mean, tokens)"
     ),

@@ -53,6 +53,7 @@ class Limits:
 METER_NAMES: tuple[str, ...] = (
     "gen_tokens",
     "prompt_tokens",
+    "uncached_prompt_tokens",
     "critical_path_tokens",
     "peak_context_tokens",
     "root_peak_context_tokens",
@@ -66,6 +67,12 @@ METER_NAMES: tuple[str, ...] = (
 )
 
 
+#: Meters added after run folders and traces were first written: readers accept a record or a
+#: trace without them (statistics then leave the meter out, see
+#: :func:`~selfcest_env.episodes.compute_stats`).
+LATER_METERS: tuple[str, ...] = ("uncached_prompt_tokens",)
+
+
 @dataclass
 class Ledger:
     """The meters of one episode (all in tokens or counts).
@@ -73,6 +80,11 @@ class Ledger:
     Attributes:
         gen_tokens: Generated tokens over all contexts.
         prompt_tokens: Prefill: the length of each turn's whole prompt, summed over turns.
+        uncached_prompt_tokens: The prefill a prefix cache cannot save: each turn's prompt
+            tokens after the longest prefix it shares with a token sequence the episode
+            processed before it (an earlier turn's prompt followed by what that turn generated),
+            summed over turns. A prefix that several contexts share (the clones' system prompt,
+            a fork's inherited context) is counted once (:mod:`~selfcest_env.prefill`).
         critical_path_tokens: The longest chain of sequential generation: a context's own
             generated tokens plus, for each of its spawning turns, the largest critical path
             among that turn's children (the latency proxy).
@@ -90,6 +102,7 @@ class Ledger:
 
     gen_tokens: int = 0
     prompt_tokens: int = 0
+    uncached_prompt_tokens: int = 0
     critical_path_tokens: int = 0
     peak_context_tokens: int = 0
     root_peak_context_tokens: int = 0

@@ -14,10 +14,12 @@ from typing import Any, Literal
 from selfcest_env.budget import Limits
 from selfcest_env.configfile import from_mapping
 from selfcest_env.prompts import PromptConfig
+from selfcest_env.protocol import SPAWN_MODES
 from selfcest_env.reward import RewardConfig
 from selfcest_env.tasks.base import check_split
 
 RootView = Literal["keys", "full"]
+SpawnMode = Literal["fresh", "fork"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,9 @@ class EnvConfig:
             reason in ``info["grade_error"]`` (``None``: no limit); see
             :mod:`selfcest_env.safe_grading`. Generous by default: the math grader's first call
             starts a worker process.
+        spawn_mode: How clones start when a spawn does not say (:data:`~selfcest_env.protocol.
+            SPAWN_MODES`): ``fresh`` (its objective and the context keys it is given) or
+            ``fork`` (a copy of its parent's context so far, then its objective).
     """
 
     limits: Limits = field(default_factory=Limits)
@@ -51,9 +56,14 @@ class EnvConfig:
     reveal_answer: bool = False
     max_prompt_chars: int = 1 << 20
     grade_timeout_s: float | None = 300.0
+    spawn_mode: SpawnMode = "fresh"
 
     def __post_init__(self) -> None:
         check_split(self.split)
+        if self.spawn_mode not in SPAWN_MODES:
+            raise ValueError(
+                f"spawn_mode must be one of {', '.join(SPAWN_MODES)}, got {self.spawn_mode!r}"
+            )
         if self.root_view not in ("keys", "full"):
             raise ValueError(f"root_view must be 'keys' or 'full', got {self.root_view!r}")
         timeout = self.grade_timeout_s

@@ -9,6 +9,11 @@ See the README ("The environment contract") for the full contract. In short:
 * a turn with a ``spawn_clone`` call starts clones and the context waits until all of them
   have returned, then reads one ``label: answer`` line per clone; a turn without a tool call
   returns (from the root: ends the episode, ``terminated``);
+* a clone starts *fresh* (its objective and the context keys it is given) or as a *fork* (a copy
+  of its parent's context so far, then its objective); a fork spawned with an inline join
+  continues its parent's open message from its path header, and its parent, once every child
+  has returned, continues that message with the children's paths in it (the single-stream
+  parallel grammars, :class:`~selfcest_env.protocol.Spawn`);
 * a context that cannot act (its context window is full, the generation budget is spent, or
   it used its last turn on a tool call) fails with a reason that its parent reads; when the
   root fails the episode is ``truncated`` and ``info["end_reason"]`` says why.
@@ -27,9 +32,11 @@ import gymnasium as gym
 from selfcest_env.budget import Ledger
 from selfcest_env.config import EnvConfig
 from selfcest_env.observations import context_info, observation
+from selfcest_env.prefill import PrefixLedger
 from selfcest_env.prompts import (
     answer_line,
     clone_user_message,
+    fork_message,
     render_messages,
     root_user_message,
     tool_message,
@@ -39,6 +46,7 @@ from selfcest_env.protocol import (
     Action,
     Objective,
     ParsedTurn,
+    SpawnCall,
     TurnInput,
     clean_text,
     parse_turn,
@@ -117,6 +125,7 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         self._instance: TaskInstance | None = None
         self._paragraphs: dict[str, str] = {}
         self._ledger = Ledger(limits=self.limits)
+        self._prefixes = PrefixLedger()
         self._end_reason: str | None = None
         self._final: dict[str, Any] = {}
         self._started = 0.0
@@ -133,6 +142,7 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         self._contexts = []
         self._runnable = {}
         self._ledger = Ledger(limits=self.limits)
+        self._prefixes = PrefixLedger()
         self._end_reason = None
         self._final = {}
         self._started = time.perf_counter()
@@ -304,7 +314,12 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         observation, and its first step ends the episode.
         """
         context.status = "runnable"
-        context.prompt_length = self.counter.count_messages(context.messages)
+        context.prompt_ids = self._prompt_ids(context.messages)
+        context.prompt_length = (
+            self.counter.count_messages(context.messages)
+            if context.prompt_ids is None
+            else len(context.prompt_ids)
+        )
         context.prompt_chars = len(render_messages(context.messages))
         context.length = context.prompt_length
         context.peak_length = max(context.peak_length, context.length)
@@ -315,6 +330,12 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
             self._fail(context, reason)
             return
         self._runnable[context.id] = None
+
+    def _prompt_ids(self, messages: list[dict[str, str]]) -> list[int] | None:
+        """The prompt's token ids, when the counter can give them (for the prefix ledger)."""
+        if not (hasattr(self.counter, "prompt_ids") and hasattr(self.counter, "text_ids")):
+            return None
+        return list(self.counter.prompt_ids(messages))
 
     def _fail_all_runnable(self, reason: str) -> None:
         """Fail every runnable context (the generation budget is spent)."""
@@ -367,10 +388,12 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
             logprobs=charged.logprobs,
             truncated=truncated,
             reported_usage=turn.reported_usage,
+            uncached_prompt_tokens=self._charge_prefill(context, charged.token_ids, text),
         )
         context.turns.append(record)
         ledger = self._ledger
         ledger.prompt_tokens += context.prompt_length
+        ledger.uncached_prompt_tokens += record.uncached_prompt_tokens
         ledger.gen_tokens += used
         ledger.truncated_turns += int(truncated)
         context.gen_tokens += used
@@ -378,7 +401,13 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         context.length = context.prompt_length + used
         context.peak_length = max(context.peak_length, context.length)
         ledger.record_length(context.length, context.parent is None)
-        context.messages.append({"role": "assistant", "content": text})
+        if context.open_message:  # the turn continues the context's last message
+            record.message = len(context.messages) - 1
+            record.offset = len(context.messages[-1]["content"])
+            context.messages[-1]["content"] += text
+        else:
+            record.message = len(context.messages)
+            context.messages.append({"role": "assistant", "content": text})
         parsed = turn.parsed if turn.parsed is not None and not charged.cut else None
         if parsed is None:
             parsed = parse_turn(text, self.limits.max_tool_calls_per_turn)
@@ -386,6 +415,7 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         ledger.tool_repairs += len(parsed.repairs)
         if parsed.is_return:
             context.answer, context.marked = parsed.answer, parsed.marked
+            context.verbatim = parsed.verbatim
             context.status = "returned"
             self._runnable.pop(context.id, None)
             self._finish(context)
@@ -397,11 +427,25 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
             return
         self._spawn(context, parsed, record)
 
+    def _charge_prefill(
+        self, context: Context, token_ids: tuple[int, ...] | None, text: str
+    ) -> int:
+        """The turn's uncached prompt tokens; its prompt and what it generated are noted as
+        processed (:mod:`~selfcest_env.prefill`). Without token ids from the counter, the whole
+        prompt counts as uncached."""
+        if context.prompt_ids is None:
+            return context.prompt_length
+        uncached = self._prefixes.uncached(context.prompt_ids)
+        generated = list(token_ids) if token_ids is not None else self.counter.text_ids(text)
+        self._prefixes.add(context.prompt_ids + generated)
+        return uncached
+
     def _spawn(self, context: Context, parsed: ParsedTurn, record: TurnRecord) -> None:
         lines: list[str | None] = []
         prompts = self.config.prompts
         limits = self.limits
         number = 0
+        inline = len(parsed.calls) == 1 and parsed.calls[0].join == "inline"
         for call in parsed.calls:
             if not context.may_spawn:
                 record.errors.append("spawn_clone is not available: depth limit reached")
@@ -425,13 +469,22 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
                 if failure is not None:
                     if context.may_spawn:
                         self._ledger.tool_errors += 1
-                    lines.append(answer_line(label, failure, prompts))
+                    forked = (call.mode or self.config.spawn_mode) == "fork"
+                    lines.append(
+                        (f"{objective.instruction}\n{failure}" if forked else failure)
+                        if inline
+                        else answer_line(label, failure, prompts)
+                    )
                     continue
-                child = self._new_clone(context, objective, label)
+                child = self._new_clone(context, objective, label, call)
                 record.children.append(child.id)
                 context.waiting_slots[child.id] = len(lines)
                 lines.append(None)
-        lines.extend(f"error: {error}" for error in record.errors)
+        if not inline:
+            lines.extend(f"error: {error}" for error in record.errors)
+        context.waiting_join = "inline" if inline else "tool"
+        context.waiting_after = parsed.calls[0].after if inline else ""
+        context.open_message = inline
         if record.children:
             context.status = "waiting"
             context.waiting_lines = lines
@@ -440,33 +493,69 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
             for child_id in record.children:
                 self._enqueue(self._contexts[child_id])
             return
-        context.messages.append({"role": "tool", "content": tool_message(lines, prompts)})
+        self._join(context, [line for line in lines if line is not None])
+
+    def _join(self, context: Context, lines: list[str]) -> None:
+        """Give ``context`` its children's results and make it runnable again: one tool message
+        of ``label: answer`` lines, or (inline) their paths and the call's closing text
+        appended to its open message."""
+        if context.waiting_join == "inline":
+            context.messages[-1]["content"] += "".join(lines) + context.waiting_after
+        else:
+            context.messages.append(
+                {"role": "tool", "content": tool_message(lines, self.config.prompts)}
+            )
         self._enqueue(context)
 
-    def _new_clone(self, parent: Context, objective: Objective, label: str) -> Context:
+    def _new_clone(
+        self, parent: Context, objective: Objective, label: str, call: SpawnCall
+    ) -> Context:
         depth = parent.depth + 1
-        may_spawn = depth < self.limits.max_depth
-        prompts = self.config.prompts
-        system = prompts.clone_system
-        if may_spawn:
-            system = f"{system}\n{prompts.clone_spawn_note}"
-        user, missing = clone_user_message(
-            objective.instruction, objective.shared_context, self._paragraphs
-        )
         child = Context(
             id=len(self._contexts),
             parent=parent.id,
             depth=depth,
             label=label,
             objective=objective.instruction,
-            messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
-            may_spawn=may_spawn,
+            messages=[],
+            may_spawn=depth < self.limits.max_depth,
+            mode=call.mode or self.config.spawn_mode,
+            join=call.join,
         )
+        if child.mode == "fork":
+            self._fork(parent, child, objective)
+        else:
+            prompts = self.config.prompts
+            system = prompts.clone_system
+            if child.may_spawn:
+                system = f"{system}\n{prompts.clone_spawn_note}"
+            user, missing = clone_user_message(
+                objective.instruction, objective.shared_context, self._paragraphs
+            )
+            child.messages = [
+                {"role": "system", "content": system},
+                {"role": "user", "content": user},
+            ]
+            self._ledger.missing_context_keys += missing
         self._contexts.append(child)
         self._ledger.clones += 1
         self._ledger.max_depth = max(self._ledger.max_depth, depth)
-        self._ledger.missing_context_keys += missing
         return child
+
+    def _fork(self, parent: Context, child: Context, objective: Objective) -> None:
+        """Start ``child`` from a copy of ``parent``'s context: its objective follows as a tool
+        message (a tool join) or as the path header its continuation of the parent's open
+        message starts with (an inline join)."""
+        child.messages = [dict(message) for message in parent.messages]
+        child.inherited = len(child.messages)
+        if child.join == "inline":
+            last = child.messages[-1]
+            child.path_start = len(last["content"])
+            last["content"] += objective.instruction
+            child.open_message = True
+        else:
+            header = fork_message(child.label, objective.instruction, self.config.prompts)
+            child.messages.append({"role": "tool", "content": header})
 
     def _fail(self, context: Context, reason: str) -> None:
         context.status = "failed"
@@ -480,8 +569,10 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
             return
         parent = self._contexts[context.parent]
         slot = parent.waiting_slots.pop(context.id)
-        parent.waiting_lines[slot] = answer_line(
-            context.label, context.result_text(), self.config.prompts
+        parent.waiting_lines[slot] = (
+            context.joined_text()
+            if context.join == "inline"
+            else answer_line(context.label, context.result_text(), self.config.prompts)
         )
         parent.waiting_critical_path = max(
             parent.waiting_critical_path, context.critical_path_tokens
@@ -491,10 +582,7 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         parent.critical_path_tokens += parent.waiting_critical_path
         lines = [line for line in parent.waiting_lines if line is not None]
         parent.waiting_lines = []
-        parent.messages.append(
-            {"role": "tool", "content": tool_message(lines, self.config.prompts)}
-        )
-        self._enqueue(parent)
+        self._join(parent, lines)
 
     def _end_episode(self, root: Context) -> None:
         assert self._instance is not None

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from selfcest_env.budget import METER_NAMES
+from selfcest_env.budget import LATER_METERS, METER_NAMES
 from selfcest_env.trace import EpisodeTrace
 from selfcest_env.usage_audit import add_audits, audit_problem
 
@@ -150,8 +150,9 @@ def validate_episode(record: Mapping[str, Any]) -> dict[str, Any]:
 
     Required keys: ``episode`` (int >= 0), ``task_id`` (str), ``seed`` (int), ``correct``
     (bool), ``score`` and ``reward`` (finite floats; ints accepted), ``end_reason`` (str),
-    ``answer`` (str), ``meters`` (dict with every name in :data:`INT_METERS` as an int >= 0 and
-    ``wall_time_s`` as a float >= 0). Extra top-level keys are kept if JSON-serialisable;
+    ``answer`` (str), ``meters`` (dict with every name in :data:`INT_METERS` as an int >= 0,
+    those of :data:`~selfcest_env.budget.LATER_METERS` optional, and ``wall_time_s`` as a float
+    >= 0). Extra top-level keys are kept if JSON-serialisable;
     extra meters are kept if they are numbers; an optional ``usage_audit`` must be one
     (:func:`~selfcest_env.usage_audit.audit_problem`).
 
@@ -228,7 +229,8 @@ def _validate_meters(value: Any, problems: list[str]) -> dict[str, Any]:
     meters: dict[str, Any] = {}
     for name in INT_METERS:
         if name not in value:
-            problems.append(f"missing meter {name!r}")
+            if name not in LATER_METERS:  # a record written before the meter existed
+                problems.append(f"missing meter {name!r}")
         elif not is_int64(value[name]) or value[name] < 0:
             problems.append(f"meter {name!r} must be a 64-bit int >= 0, got {value[name]!r}")
         else:
@@ -310,14 +312,14 @@ def compute_stats(
     Keys: ``n``, ``n_correct``, ``accuracy`` (``None`` when ``n == 0``), ``acc_ci_low`` /
     ``acc_ci_high`` (95% Wilson), ``mean_score``, ``mean_reward``, ``usage_audit`` (the sum of
     the episodes' :mod:`~selfcest_env.usage_audit` audits; ``None`` when no backend reported
-    usage), ``n_answered`` (episodes whose
-    root answered, with a non-empty answer), ``n_truncated`` (episodes in which a limit cut at
-    least one turn), ``meters`` (per meter in
+    usage), ``n_answered`` (episodes whose root answered, with a non-empty answer),
+    ``n_truncated`` (episodes in which a limit cut at least one turn), ``meters`` (per meter in
     :data:`METERS` plus any extra meters present in every episode: ``mean``, ``p50``, ``p95``,
-    ``sum``), ``end_reasons`` (counts of every end reason), ``failures`` (counts of the end
-    reasons other than ``"answered"``), ``n_failed``, ``wall_time_s`` (sum of episode wall
-    times), ``episodes`` (sorted indices), ``n_grade_errors`` (episodes whose grader failed and
-    scored 0: a ``grade_error`` in the record), ``n_errors`` (failed attempts in
+    ``sum``; all ``None`` for a meter of :data:`~selfcest_env.budget.LATER_METERS` that records
+    written before it lack), ``end_reasons`` (counts of every end reason), ``failures`` (counts
+    of the end reasons other than ``"answered"``), ``n_failed``, ``wall_time_s`` (sum of episode
+    wall times), ``episodes`` (sorted indices), ``n_grade_errors`` (episodes whose grader failed
+    and scored 0: a ``grade_error`` in the record), ``n_errors`` (failed attempts in
     ``errors.jsonl``), ``errors`` (their counts by end reason) and ``errored_episodes`` (sorted
     indices of failed episodes without a result yet: a rerun plays them again).
 
@@ -334,6 +336,9 @@ def compute_stats(
         names += sorted(common - set(METERS))
     meters: dict[str, dict[str, float | None]] = {}
     for name in names:
+        if not all(name in e["meters"] for e in eps):  # a meter newer than some records
+            meters[name] = {"mean": None, "p50": None, "p95": None, "sum": None}
+            continue
         vals = [float(e["meters"][name]) for e in eps]
         meters[name] = {
             "mean": sum(vals) / n if n else None,

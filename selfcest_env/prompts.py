@@ -40,6 +40,13 @@ CLONE_SPAWN_NOTE = (
 )
 
 
+FORK_HEADER = (
+    "You are {label}, a fork of this context: what came before is yours too. Work only on "
+    "this objective and finish with a concise final answer after 'Answer:'.\nObjective: "
+    "{objective}"
+)
+
+
 def spawn_clone_schema() -> dict[str, Any]:
     """The ``spawn_clone`` tool in the JSON-schema form that chat templates accept."""
     return {
@@ -78,6 +85,8 @@ class PromptConfig:
         plain_system: System prompt of a root that may not spawn (``max_depth=0``).
         clone_system: System prompt of every clone.
         clone_spawn_note: Appended to a clone's system prompt when it may spawn in turn.
+        fork_header: The tool message a fork child of a ``spawn_clone`` call reads after its
+            copy of the parent's context (``{label}`` and ``{objective}`` are filled in).
         answer_chars: Characters of each clone answer kept in the tool message.
         message_chars: Characters of the whole tool message kept.
     """
@@ -86,6 +95,7 @@ class PromptConfig:
     plain_system: str = PLAIN_SYSTEM_PROMPT
     clone_system: str = CLONE_SYSTEM_PROMPT
     clone_spawn_note: str = CLONE_SPAWN_NOTE
+    fork_header: str = FORK_HEADER
     answer_chars: int = 256
     message_chars: int = 512
 
@@ -141,6 +151,13 @@ def tool_message(lines: Sequence[str], config: PromptConfig) -> str:
     if len(text) > config.message_chars:
         text = text[: config.message_chars - 3] + "..."
     return text
+
+
+def fork_message(label: str, objective: str, config: PromptConfig) -> str:
+    """The tool message that starts a fork child of a ``spawn_clone`` call: ``config.
+    fork_header`` with its ``{label}`` and ``{objective}`` filled in (plain replacement, so any
+    other braces in a custom header stay as written)."""
+    return config.fork_header.replace("{label}", label).replace("{objective}", objective)
 
 
 def answer_line(label: str, answer: str, config: PromptConfig) -> str:

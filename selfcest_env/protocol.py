@@ -22,7 +22,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from selfcest_env.tasks.extraction import final_answer
@@ -88,6 +88,18 @@ class Objective:
         return value
 
 
+#: How a clone starts: ``fresh`` (SELFCEST: its objective and the context keys it is given) or
+#: ``fork`` (APR, ThreadWeaver, Parallel-R1, Multiverse: a copy of its parent's context so far,
+#: then its own path header).
+SPAWN_MODES: tuple[str, ...] = ("fresh", "fork")
+
+#: How the clones' results re-enter their parent: ``tool``, one tool message of ``label:
+#: answer`` lines; ``inline``, each child's contribution appended to the parent's own open
+#: message, which the parent then continues (the single-stream grammars): a fork child's path
+#: (its header and all it wrote), a fresh child's answer as it returned it (APR's ``join``).
+JOIN_MODES: tuple[str, ...] = ("tool", "inline")
+
+
 @dataclass(frozen=True)
 class Spawn:
     """Spawn one clone per objective.
@@ -95,6 +107,15 @@ class Spawn:
     ``shared_context`` keys go to every clone, on top of each objective's own keys. ``text`` is
     the turn as the model wrote it (by default the canonical tool call); ``token_ids`` and
     ``logprobs`` are the sampled tokens, when known: the ledger then counts exactly those.
+
+    ``mode`` is ``"fresh"`` or ``"fork"`` (:data:`SPAWN_MODES`; ``None``: the env's
+    ``spawn_mode``). A fork child starts from a copy of its parent's context; with ``join="tool"``
+    it reads its objective in a tool message (the reply to the parent's call), with
+    ``join="inline"`` the objective is its *path header*, the text its continuation of the
+    parent's open message starts with (``"<Thread>1:"``). With ``join="inline"`` (either mode),
+    once every child has returned, the parent's message is extended by each child's
+    contribution (:data:`JOIN_MODES`) and then ``after`` (``"</Parallel>"``), and the parent
+    continues it. Fork children see what their parent saw: context keys are not added to them.
     """
 
     objectives: Sequence[Objective | str]
@@ -102,9 +123,14 @@ class Spawn:
     text: str | None = None
     token_ids: Sequence[int] | None = None
     logprobs: Sequence[float] | None = None
+    mode: str | None = None
+    join: str = "tool"
+    after: str = ""
 
     def to_text(self) -> str:
-        """The canonical text form: one ``<tool_call>`` block that parses back to this call."""
+        """The canonical text form: one ``<tool_call>`` block that parses back to this call
+        (the tool-call protocol has no inline join: an inline spawn is written as a call with
+        ``mode``, which an agent of a single-stream grammar never sends as text)."""
         arguments: dict[str, Any] = {
             "objectives": [
                 o.to_json() if isinstance(o, Objective) else str(o)
@@ -113,6 +139,8 @@ class Spawn:
         }
         if self.shared_context:
             arguments["shared_context"] = _as_list(self.shared_context)
+        if self.mode is not None:
+            arguments["mode"] = self.mode
         payload = json.dumps({"name": TOOL_NAME, "arguments": arguments}, ensure_ascii=False)
         # "</" only occurs inside JSON strings; "<\/" reads back the same and cannot close the block
         payload = payload.replace("</", "<\\/")
@@ -166,9 +194,14 @@ Action = str | Turn | Spawn | Return
 
 @dataclass(frozen=True)
 class SpawnCall:
-    """One valid ``spawn_clone`` call after parsing and repair."""
+    """One valid ``spawn_clone`` call after parsing and repair: its objectives, its spawn mode
+    (``None``: the env's default), how its children rejoin the parent and the text after an
+    inline join (see :class:`Spawn`)."""
 
     objectives: tuple[Objective, ...]
+    mode: str | None = None
+    join: str = "tool"
+    after: str = ""
 
 
 @dataclass(frozen=True)
@@ -181,6 +214,8 @@ class ParsedTurn:
         repairs: One description per repair applied.
         answer: The returned answer when the turn has no tool call, else ``None``.
         marked: Whether a marker (a box, ``Answer:``, ``####``) introduced the answer.
+        verbatim: A structured :class:`Return`'s answer as given, before the extraction that
+            makes ``answer`` (what an inline join hands the parent; ``None`` for text turns).
     """
 
     calls: tuple[SpawnCall, ...] = ()
@@ -188,6 +223,7 @@ class ParsedTurn:
     repairs: tuple[str, ...] = ()
     answer: str | None = None
     marked: bool = False
+    verbatim: str | None = None
 
     @property
     def is_return(self) -> bool:
@@ -262,7 +298,9 @@ def to_turn_input(action: Action) -> TurnInput:
         text = clean_text(action.text if action.text is not None else action.to_text())
         if isinstance(action, Return):
             answer = clean_text("" if action.answer is None else str(action.answer))
-            parsed = ParsedTurn(answer=final_answer(f"Answer: {answer}").text, marked=True)
+            parsed = ParsedTurn(
+                answer=final_answer(f"Answer: {answer}").text, marked=True, verbatim=answer
+            )
         else:
             parsed = _structured_spawn(action)
         return TurnInput(text, token_ids, logprobs, parsed)
@@ -292,15 +330,32 @@ def _numbers(values: Any, convert: Callable[[Any], Any], what: str) -> tuple[Any
 
 
 def _structured_spawn(action: Spawn) -> ParsedTurn:
-    """Validate a structured :class:`Spawn` with the same rules as a parsed tool call."""
+    """Validate a structured :class:`Spawn` with the same rules as a parsed tool call, plus its
+    join (one of :data:`JOIN_MODES`)."""
     arguments = {
         "objectives": [
             o.to_json() if isinstance(o, Objective) else o for o in _as_list(action.objectives)
         ],
         "shared_context": _as_list(action.shared_context),
     }
+    if action.mode is not None:
+        arguments["mode"] = action.mode
     repairs: list[str] = []
     call, error = _validate_call({"name": TOOL_NAME, "arguments": arguments}, repairs)
+    if call is not None and action.join != "tool":
+        if action.join not in JOIN_MODES:
+            call, error = None, f"join must be one of {', '.join(JOIN_MODES)}, got {action.join!r}"
+        else:  # a path header is text to continue: its white space is kept as written
+            after = clean_text("" if action.after is None else str(action.after))
+            headers = [
+                o.instruction if isinstance(o, Objective) else str(o)
+                for o in _as_list(action.objectives)
+            ]
+            objectives = tuple(
+                replace(objective, instruction=clean_text(header))
+                for objective, header in zip(call.objectives, headers)
+            )
+            call = SpawnCall(objectives, call.mode, "inline", after)
     return ParsedTurn(
         calls=() if call is None else (call,),
         errors=() if error is None else (error,),
@@ -474,7 +529,10 @@ def _validate_call(payload: Any, repairs: list[str]) -> tuple[SpawnCall | None, 
         if error is not None:
             return None, error
         objectives.append(objective)
-    return SpawnCall(tuple(objectives)), None
+    mode = arguments.get("mode")
+    if mode is not None and mode not in SPAWN_MODES:
+        return None, f"'mode' must be one of {', '.join(map(repr, SPAWN_MODES))}"
+    return SpawnCall(tuple(objectives), mode), None
 
 
 def _objective(

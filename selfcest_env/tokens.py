@@ -11,7 +11,19 @@ counts can be computed by hand:
   ``len // 4``: up to three in a row are free, so ordinary spacing costs nothing);
 * a chat prompt costs, per message, :attr:`OfflineTokenCounter.message_overhead` tokens (4) plus
   its content, plus :attr:`OfflineTokenCounter.generation_prompt` tokens (2) once for the
-  assistant header that the next turn is generated after.
+  assistant header that the next turn is generated after. A prompt whose last message is an
+  assistant message *continues* that message (a fork child, or a parent after an inline join:
+  :func:`continues_final_message`): the open message costs the generation prompt's 2 tokens
+  plus its content, and no closing tokens. As token sequences (:meth:`OfflineTokenCounter.
+  prompt_ids`): each message is an opening and a role token, its content's pieces, then a
+  closing and a line-break token; the generation prompt is an opening and an ``assistant``
+  token, so an open message reads exactly as a generation prompt followed by its text.
+
+**Continuing the final message.** Every renderer of a prompt (the counters here, every backend,
+the trainers) applies one rule: a chat that ends with an assistant message is rendered with
+that message left open for the model to continue (``continue_final_message`` of Hugging Face
+chat templates and of vLLM's server), any other chat with a generation prompt
+(:func:`template_options`).
 
 **Characters per token are bounded.** A text of ``T`` offline tokens has at most ``7 T + 3``
 characters (at most 4 per piece, plus at most 3 free white-space characters before each
@@ -45,6 +57,10 @@ Message = Mapping[str, Any]
 
 _PIECE = re.compile(r"\w{1,4}|[^\w\s]|\s{4}")
 
+#: The offline counter's message-structure tokens, as stand-in ids (negative: no text piece's
+#: hash is meant to stand for them, and they read apart from the pieces in a debugger).
+_OPEN, _CLOSE, _LINE_BREAK = -1, -2, -3
+
 #: Characters per token assumed for a counter that does not state its own
 #: ``max_chars_per_token`` (a custom counter): generous, so that a cut never changes a count of
 #: ordinary text.
@@ -64,13 +80,30 @@ _SLOT = re.compile("\ue000(\\d+)\ue001")
 _BREAK = "\u2060"
 
 
+def continues_final_message(messages: Sequence[Message]) -> bool:
+    """Whether a prompt of ``messages`` continues its last message (an assistant message)
+    instead of opening a new turn with a generation prompt."""
+    return bool(messages) and messages[-1].get("role") == "assistant"
+
+
+def template_options(messages: Sequence[Message]) -> dict[str, bool]:
+    """The chat-template options that render ``messages`` as a prompt: ``continue_final_message``
+    when the chat ends with an assistant message, else ``add_generation_prompt``."""
+    if continues_final_message(messages):
+        return {"continue_final_message": True, "add_generation_prompt": False}
+    return {"add_generation_prompt": True}
+
+
 @runtime_checkable
 class TokenCounter(Protocol):
     """What the ledger needs to count tokens.
 
     A counter may also state ``max_chars_per_token`` (no text of ``T`` tokens is longer than
     ``max_chars_per_token * (T + 1)`` characters) and ``vocab_size`` (valid token ids are
-    ``0 <= id < vocab_size``); see :func:`chars_per_token` and :func:`token_id_limit`.
+    ``0 <= id < vocab_size``); see :func:`chars_per_token` and :func:`token_id_limit`. A counter
+    with ``prompt_ids(messages)`` and ``text_ids(text)`` (token sequences whose lengths are the
+    counts) lets the ledger find the prefixes prompts share (``uncached_prompt_tokens``); without
+    them every prompt token counts as uncached.
     """
 
     def count_text(self, text: str) -> int:
@@ -97,11 +130,33 @@ class OfflineTokenCounter:
         return sum(1 for _ in _PIECE.finditer(text))
 
     def count_messages(self, messages: Sequence[Message]) -> int:
-        """Per message 4 tokens plus its content; 2 more for the generation prompt."""
-        return self.generation_prompt + sum(
+        """Per message 4 tokens plus its content; 2 more for the generation prompt (an open
+        final assistant message: 2 plus its content, see the module docstring)."""
+        total = sum(
             self.message_overhead + self.count_text(str(message.get("content") or ""))
             for message in messages
         )
+        if continues_final_message(messages):
+            return total - self.message_overhead + self.generation_prompt
+        return total + self.generation_prompt
+
+    def text_ids(self, text: str) -> list[int]:
+        """One stand-in id per piece of ``text`` (equal pieces, equal ids, within a process)."""
+        return [hash(match.group()) for match in _PIECE.finditer(text)]
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The prompt of ``messages`` as stand-in ids, ``count_messages(messages)`` of them (see
+        the module docstring for the layout)."""
+        ids: list[int] = []
+        open_last = continues_final_message(messages)
+        for number, message in enumerate(messages):
+            ids += [_OPEN, hash(str(message.get("role")))]
+            ids += self.text_ids(str(message.get("content") or ""))
+            if not (open_last and number == len(messages) - 1):
+                ids += [_CLOSE, _LINE_BREAK]
+        if not open_last:
+            ids += [_OPEN, hash("assistant")]
+        return ids
 
     def truncate_text(self, text: str, max_tokens: int) -> str:
         """Cut ``text`` right after its ``max_tokens``-th piece."""
@@ -144,16 +199,28 @@ class HFTokenCounter:
         return len(self.encode(text))
 
     def count_messages(self, messages: Sequence[Message]) -> int:
-        """Length of the chat template's rendering with a generation prompt
-        (:func:`chat_token_ids`)."""
+        """Length of the chat template's rendering as a prompt (:func:`template_options`,
+        :func:`chat_token_ids`)."""
+        return len(self.prompt_ids(messages))
+
+    def text_ids(self, text: str) -> list[int]:
+        """Token ids of ``text`` as plain text (:meth:`encode`)."""
+        return self.encode(text)
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """Token ids of the chat template's rendering of ``messages`` as a prompt; without a
+        template, ``role: content`` lines as plain text."""
         plain = [{"role": m["role"], "content": str(m.get("content") or "")} for m in messages]
         if self._has_template:
-            return len(chat_token_ids(self.tokenizer, plain, self._render))
-        return sum(self.count_text(f"{m['role']}: {m['content']}\n") for m in plain)
+            return chat_token_ids(self.tokenizer, plain, self._render)
+        lines = [f"{m['role']}: {m['content']}\n" for m in plain]
+        if continues_final_message(plain):
+            lines[-1] = lines[-1].removesuffix("\n")
+        return [token for line in lines for token in self.encode(line)]
 
     def _render(self, messages: list[dict[str, Any]]) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
+            messages, tokenize=False, **template_options(messages)
         )
 
     def decode_ids(self, token_ids: Sequence[int]) -> str:

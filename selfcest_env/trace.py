@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from selfcest_env.budget import METER_NAMES
-from selfcest_env.protocol import ReportedUsage
+from selfcest_env.budget import LATER_METERS, METER_NAMES
+from selfcest_env.protocol import JOIN_MODES, SPAWN_MODES, ReportedUsage
 from selfcest_env.tracereader import TraceError, TraceReader
 
 __all__ = [
@@ -67,6 +67,14 @@ class TurnTrace:
         reported_usage: What the backend reported the turn cost, when it reported it (an
             OpenAI-compatible server's ``usage``): kept for audit, never charged. Absent from
             the dict when ``None``.
+        uncached_prompt_tokens: The prompt tokens a prefix cache could not have held
+            (:mod:`~selfcest_env.prefill`).
+        message: Index of the context's message the turn's text is in.
+        offset: Where in that message's content the text starts (after an inline fork, one
+            message holds several turns and the joins between them).
+
+    The last three are ``None`` (and absent from the dict) in traces written before they
+    existed, whose contexts hold one assistant message per turn.
     """
 
     index: int
@@ -80,6 +88,9 @@ class TurnTrace:
     errors: tuple[str, ...]
     repairs: tuple[str, ...]
     reported_usage: ReportedUsage | None = None
+    uncached_prompt_tokens: int | None = None
+    message: int | None = None
+    offset: int | None = None
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "trace turn", path: str = "") -> TurnTrace:
@@ -91,7 +102,7 @@ class TurnTrace:
             TraceError: a missing or unknown key, a value of the wrong type, or logprobs that are
                 not one per token id.
         """
-        read = TraceReader(data, _keys(cls), where, path, optional=("reported_usage",))
+        read = TraceReader(data, _keys(cls), where, path, optional=_TURN_LATER)
         usage = None
         if read.has("reported_usage"):
             counts = read.count_map("reported_usage", USAGE_KEYS)
@@ -110,7 +121,10 @@ class TurnTrace:
             errors=read.strings("errors"),
             repairs=read.strings("repairs"),
             reported_usage=usage,
+            **{key: read.count(key) for key in _TURN_LATER[1:] if read.has(key)},
         )
+        if (turn.message is None) != (turn.offset is None):
+            raise read.error("offset", "and message must be given together")
         if turn.logprobs is not None and len(turn.logprobs) != len(turn.token_ids or ()):
             ids = "none" if turn.token_ids is None else len(turn.token_ids)
             raise read.error(
@@ -136,6 +150,7 @@ class TurnTrace:
                 if self.reported_usage is None
                 else {"reported_usage": dataclasses.asdict(self.reported_usage)}
             ),
+            **_present(self, _TURN_LATER[1:]),
         }
 
 
@@ -150,20 +165,24 @@ class ContextUsage:
     critical_path_tokens: int
     peak_context_tokens: int
     turns: int
+    uncached_prompt_tokens: int | None = None
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "trace usage", path: str = "") -> ContextUsage:
-        """The usage in ``data``, a dict shaped like :meth:`to_dict`'s.
+        """The usage in ``data``, a dict shaped like :meth:`to_dict`'s
+        (``uncached_prompt_tokens`` may be absent: a trace written before it existed).
 
         Raises:
             TraceError: a missing or unknown key, or a value that is not a 64-bit int >= 0.
         """
-        read = TraceReader(data, _keys(cls), where, path)
-        return cls(**{key: read.count(key) for key in _keys(cls)})
+        read = TraceReader(data, _keys(cls), where, path, optional=("uncached_prompt_tokens",))
+        return cls(**{key: read.count(key) for key in _keys(cls) if read.has(key)})
 
     def to_dict(self) -> dict[str, Any]:
         """The usage as plain data."""
-        return {key: getattr(self, key) for key in _keys(type(self))}
+        return {
+            key: getattr(self, key) for key in _keys(type(self)) if getattr(self, key) is not None
+        }
 
 
 @dataclass(frozen=True)
@@ -178,13 +197,21 @@ class ContextTrace:
         objective: What the context was asked to do (the task's prompt for the root).
         may_spawn: Whether it had the ``spawn_clone`` tool.
         status: ``"runnable"``, ``"waiting"`` (for its clones), ``"returned"`` or ``"failed"``.
-        messages: Its chat, ``{"role", "content"}`` dicts; one assistant message per turn.
+        messages: Its chat, ``{"role", "content"}`` dicts; each turn's ``message`` and
+            ``offset`` say where its text is (one assistant message per turn, unless it
+            continued an open message).
         turns: Its turns, in order.
         usage: What it used (:class:`ContextUsage`).
         answer: What it returned, once it has.
         marked: Whether the answer was marked (``Answer: ...`` or a ``Return``).
         failure: Why it failed, once it has.
         reward: Its reward once the episode has ended (``None`` before).
+        mode: How it started, ``"fresh"`` or ``"fork"`` (a copy of its parent's context).
+        join: How it reported to its parent, ``"tool"`` or ``"inline"`` (``None``: the root).
+        inherited: How many of its messages it copied from its parent (0 unless a fork).
+
+    ``mode`` and ``inherited`` are ``None`` (and, like a ``None`` ``join``, absent from the
+    dict) in traces written before fork spawning existed.
     """
 
     id: int
@@ -201,6 +228,9 @@ class ContextTrace:
     marked: bool
     failure: str | None
     reward: float | None
+    mode: str | None = None
+    join: str | None = None
+    inherited: int | None = None
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "trace context") -> ContextTrace:
@@ -211,7 +241,7 @@ class ContextTrace:
             TraceError: a missing or unknown key, a value of the wrong type, or turns that do not
                 match the assistant messages.
         """
-        read = TraceReader(data, _keys(cls), where)
+        read = TraceReader(data, _keys(cls), where, optional=("mode", "join", "inherited"))
         context = cls(
             id=read.count("id"),
             parent=read.count("parent", nullable=True),
@@ -231,18 +261,16 @@ class ContextTrace:
             marked=read.flag("marked"),
             failure=read.string("failure", nullable=True),
             reward=read.reward("reward"),
+            mode=read.choice("mode", SPAWN_MODES) if read.has("mode") else None,
+            join=read.choice("join", JOIN_MODES) if read.has("join") else None,
+            inherited=read.count("inherited") if read.has("inherited") else None,
         )
         for number, turn in enumerate(context.turns, start=1):
             if turn.index != number:
                 raise read.error(
                     f"turns[{number - 1}].index", f"must be {number}, got {turn.index}"
                 )
-        replies = sum(message["role"] == "assistant" for message in context.messages)
-        if replies != len(context.turns):
-            raise TraceError(
-                f"{where} has {len(context.turns)} turns but {replies} assistant messages "
-                "(one per turn)"
-            )
+        _check_turn_places(context, where)
         return context
 
     def final_reward(self) -> float:
@@ -275,7 +303,16 @@ class ContextTrace:
             "marked": self.marked,
             "failure": self.failure,
             "reward": self.reward,
+            **_present(self, ("mode", "join", "inherited")),
         }
+
+    def turn_places(self) -> list[tuple[int, int]]:
+        """``(message, offset)`` of each turn's text in :attr:`messages`: as recorded, or, in a
+        trace written before turns recorded it, each turn's own assistant message."""
+        if all(turn.message is not None for turn in self.turns):
+            return [(turn.message or 0, turn.offset or 0) for turn in self.turns]
+        replies = [i for i, m in enumerate(self.messages) if m["role"] == "assistant"]
+        return [(position, 0) for position in replies[: len(self.turns)]]
 
 
 @dataclass(frozen=True)
@@ -327,7 +364,9 @@ class EpisodeTrace:
             end_reason=read.string("end_reason", nullable=True),
             error=read.string("error", nullable=True),
             reward=read.reward("reward"),
-            meters=read.count_map("meters", METER_NAMES),
+            meters=read.count_map(
+                "meters", [name for name in METER_NAMES if name not in LATER_METERS]
+            ),
             contexts=tuple(
                 ContextTrace.from_dict(item, f"trace context {n}")
                 for n, item in read.items("contexts")
@@ -390,6 +429,40 @@ def _check_tree(contexts: Sequence[ContextTrace]) -> None:
                         f"trace context {position}: turns[{number}].children[{slot}] must be the "
                         f"id of a clone of this context, got {child}"
                     )
+
+
+def _check_turn_places(context: ContextTrace, where: str) -> None:
+    """Raise :class:`TraceError` unless each turn's text is where it says (an assistant message
+    of the context, from its offset on) or, in a trace without places, the context holds one
+    assistant message per turn."""
+    turns = context.turns
+    if not all(turn.message is not None for turn in turns):
+        replies = sum(message["role"] == "assistant" for message in context.messages)
+        if replies != len(turns):
+            raise TraceError(
+                f"{where} has {len(turns)} turns but {replies} assistant messages (one per turn)"
+            )
+        return
+    for number, turn in enumerate(turns):
+        position, offset = turn.message or 0, turn.offset or 0
+        if position >= len(context.messages):
+            raise TraceError(f"{where}: turns[{number}].message {position} is not a message")
+        message = context.messages[position]
+        if message["role"] != "assistant":
+            raise TraceError(f"{where}: turns[{number}].message {position} is not an assistant's")
+        if message["content"][offset : offset + len(turn.text)] != turn.text:
+            raise TraceError(
+                f"{where}: turns[{number}].text is not in message {position} at offset {offset}"
+            )
+
+
+def _present(instance: Any, keys: Sequence[str]) -> dict[str, Any]:
+    """``{key: value}`` of the fields in ``keys`` whose value is not ``None``."""
+    return {key: getattr(instance, key) for key in keys if getattr(instance, key) is not None}
+
+
+#: TurnTrace keys that traces written before them lack.
+_TURN_LATER: tuple[str, ...] = ("reported_usage", "uncached_prompt_tokens", "message", "offset")
 
 
 def _message(data: Any, where: str, path: str) -> dict[str, str]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from selfcest_env.protocol import ReportedUsage
-from selfcest_env.tokens import chat_token_ids
+from selfcest_env.tokens import chat_token_ids, template_options
 
 FinishReason = Literal["stop", "length", "error"]
 Message = dict[str, Any]
@@ -91,8 +91,10 @@ class GenerationResult:
 def render_chat_text(
     tokenizer: Any, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
 ) -> str:
-    """The prompt text of ``messages``: the tokenizer's chat template with a generation prompt,
-    and ``tools`` passed to the template when there are any.
+    """The prompt text of ``messages``: the tokenizer's chat template with a generation prompt
+    (or, when the chat ends with an assistant message, that message left open to continue:
+    :func:`~selfcest_env.tokens.template_options`), and ``tools`` passed to the template when
+    there are any.
 
     Raises:
         ValueError: the tokenizer has no chat template.
@@ -100,7 +102,7 @@ def render_chat_text(
     if not getattr(tokenizer, "chat_template", None):
         name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
         raise ValueError(f"{name} has no chat template: pass prompt_ids instead of messages")
-    kwargs: dict[str, Any] = {"add_generation_prompt": True, "tokenize": False}
+    kwargs: dict[str, Any] = {**template_options(messages), "tokenize": False}
     if tools:
         kwargs["tools"] = list(tools)
     return tokenizer.apply_chat_template(list(messages), **kwargs)

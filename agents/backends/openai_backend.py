@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from selfcest_env.protocol import ReportedUsage
-from selfcest_env.tokens import plain_token_ids
+from selfcest_env.tokens import continues_final_message, plain_token_ids
 from selfcest_env.tracereader import is_count
 
 from .base import Backend, FinishReason, GenerationRequest, GenerationResult
@@ -250,6 +250,9 @@ class OpenAICompatibleBackend(Backend):
             body["top_logprobs"] = self.config.top_logprobs
             if request.tools:
                 body["tools"] = request.tools
+            if continues_final_message(request.messages):  # vLLM's and SGLang's names
+                body["continue_final_message"] = True
+                body["add_generation_prompt"] = False
         else:
             path = "/completions"
             ids = list(request.prompt_ids or [])

@@ -182,17 +182,23 @@ def trace_samples(
 
 def _segments(context: ContextTrace, tokenizer: Any, teacher_forcing: bool) -> list[_Segment]:
     """Each turn's ids, trainability, logprobs, the prompt text it was generated after and its
-    content as the chat messages hold it (a trace has one assistant message per turn)."""
+    text. A turn sits where the trace places it (:meth:`~selfcest_env.trace.ContextTrace.
+    turn_places`): in an assistant message of its own, or continuing an open one (a fork
+    child's inherited message, a parent's message after an inline join), whose text before the
+    turn is then the end of its prompt."""
     messages = context.messages
-    positions = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
     tools = [spawn_clone_schema()] if context.may_spawn else None
     segments = []
-    for position, turn in zip(positions, context.turns):
+    for (position, offset), turn in zip(context.turn_places(), context.turns):
+        content = messages[position]["content"]
+        before = list(messages[:position])
+        if offset > 0 or position < (context.inherited or 0):  # continues an open message
+            before.append({"role": "assistant", "content": content[:offset]})
         prompt = {
-            "prompt_ids": chat_prompt_ids(tokenizer, messages[:position], tools),
-            "prompt_text": render_chat_text(tokenizer, messages[:position], tools),
-            "content": messages[position]["content"],
-            "messages": messages[:position],
+            "prompt_ids": chat_prompt_ids(tokenizer, before, tools),
+            "prompt_text": render_chat_text(tokenizer, before, tools),
+            "content": turn.text,
+            "messages": before,
             "tools": tools,
         }
         token_ids = turn.token_ids
@@ -201,10 +207,14 @@ def _segments(context: ContextTrace, tokenizer: Any, teacher_forcing: bool) -> l
             values = [math.nan] * len(token_ids) if logprobs is None else list(logprobs)
             segments.append(_Segment(list(token_ids), 1, values, **prompt))
         elif teacher_forcing and token_ids is None:
-            ids = plain_token_ids(tokenizer, prompt["content"]) + [_end_of_turn(tokenizer)]
+            # The model ended a turn that closes its message with the end-of-turn token; one
+            # that the message goes on after, or an inline path, ended at a stop string.
+            continued = offset + len(turn.text) < len(content) or context.join == "inline"
+            ends = [] if continued else [_end_of_turn(tokenizer)]
+            ids = plain_token_ids(tokenizer, turn.text) + ends
             segments.append(_Segment(ids, 1, [math.nan] * len(ids), **prompt))
         else:
-            ids = plain_token_ids(tokenizer, prompt["content"])
+            ids = plain_token_ids(tokenizer, turn.text)
             segments.append(_Segment(ids, 0, [0.0] * len(ids), **prompt))
     return segments
 

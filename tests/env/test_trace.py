@@ -348,7 +348,31 @@ BAD = {
     ),
     "turn without message": (
         _drop("contexts", 3, "messages", 2),
+        "trace context 3: turns[0].message 2 is not a message",
+    ),
+    "turn in a user message": (
+        _set((*T3, "message"), 1),
+        "trace context 3: turns[0].message 1 is not an assistant's",
+    ),
+    "turn text elsewhere": (
+        _set((*T3, "offset"), 1),
+        "trace context 3: turns[0].text is not in message 2 at offset 1",
+    ),
+    "turn place half given": (
+        _drop(*T3, "offset"),
+        "trace context 3: turns[0].offset and message must be given together",
+    ),
+    "old turn without message": (
+        lambda trace: [
+            _drop(*T3, "message")(trace),
+            _drop(*T3, "offset")(trace),
+            _drop("contexts", 3, "messages", 2)(trace),
+        ],
         "trace context 3 has 1 turns but 0 assistant messages (one per turn)",
+    ),
+    "spawn mode": (
+        _set(("contexts", 3, "mode"), "clone"),
+        "trace context 3: mode must be one of fresh, fork, got 'clone'",
     ),
     "long value": (
         _set(("split",), ["x" * 10_000]),

@@ -380,3 +380,67 @@ def test_tools_are_rendered_for_contexts_that_had_the_tool(tokenizer):
     root, clone = trace_samples(trace, tokenizer)
     assert tokenizer.decode(root.prompt_ids).startswith("TOOLS:spawn_clone\n")
     assert not tokenizer.decode(clone.prompt_ids).startswith("TOOLS:")
+
+
+def fork_episode_trace(tokenizer):
+    """An inline fork episode (ThreadWeaver-like) through the env with the real tokenizer, every
+    turn carrying the ids of its text (as if sampled), the root's last ending with the EOS."""
+    from selfcest_env import EnvConfig, Limits, Return, SelfCestEnv
+    from selfcest_env.tasks.base import TaskInstance
+    from tests.conftest import FixedTasks
+
+    env = SelfCestEnv(
+        FixedTasks([TaskInstance("t0", "What is 2+3?", "5")]),
+        EnvConfig(limits=Limits(max_depth=1)),
+        tokenizer=tokenizer,
+    )
+
+    def sampled(text, end=()):
+        ids = encode(tokenizer, text) + list(end)
+        return {"text": text, "token_ids": ids, "logprobs": [-0.5] * len(ids)}
+
+    env.reset()
+    env.step(
+        Spawn(["\n<Thread>\n1:", "\n<Thread>\n2:"], mode="fork", join="inline", after="\n",
+              **sampled("<Parallel>"))
+    )  # fmt: skip
+    env.step_many(
+        {1: Return("2", **sampled(" two.</Thread>")), 2: Return("3", **sampled(" 3.</Thread>"))}
+    )
+    *_, info = env.step(Return("5", **sampled("</Parallel>\nAnswer: 5", [tokenizer.eos_token_id])))
+    assert info["correct"]
+    return info["trace"]
+
+
+def test_fork_contexts_become_exact_samples_of_what_each_was_prompted_with(tokenizer):
+    """A fork child's sample is its inherited prompt (the parent's text and its header, the
+    message left open) and its thread; the root's is one sequence: its block opening, the
+    joined threads (mask 0) and its answer, exactly the final rendering of its chat."""
+    trace = fork_episode_trace(tokenizer)
+    samples = {s.context_id: s for s in trace_samples(trace, tokenizer, form="context")}
+    assert set(samples) == {0, 1, 2} and all(s.exact for s in samples.values())
+    child = samples[1]
+    prompt = tokenizer.decode(child.prompt_ids)
+    assert prompt.endswith("<|im_start|>assistant\n<Parallel>\n<Thread>\n1:")
+    assert tokenizer.decode(child.response_ids) == " two.</Thread>"
+    assert child.response_mask == [1] * len(child.response_ids)
+    root = samples[0]
+    whole = tokenizer.decode(root.prompt_ids + root.response_ids)
+    messages = trace["contexts"][0]["messages"]
+    assert whole == chatml(messages[:2]) + messages[2]["content"] + "<|im_end|>"
+    joined = [i for i, m in zip(root.response_ids, root.response_mask) if m == 0]
+    assert tokenizer.decode(joined) == "\n<Thread>\n1: two.</Thread>\n<Thread>\n2: 3.</Thread>\n"
+    turns = {s.turn: s for s in trace_samples(trace, tokenizer, form="turn") if s.context_id == 0}
+    assert tokenizer.decode(turns[2].prompt_ids).endswith("2: 3.</Thread>\n")
+
+
+def test_teacher_forced_inline_paths_end_at_their_stop_text_not_the_eos(tokenizer):
+    trace = fork_episode_trace(tokenizer)
+    for context in trace["contexts"]:
+        for turn in context["turns"]:
+            turn["token_ids"] = turn["logprobs"] = None
+    samples = {s.context_id: s for s in trace_samples(trace, tokenizer, teacher_forcing=True)}
+    eos = tokenizer.eos_token_id
+    assert samples[1].response_ids[-1] != eos  # a thread stops at </Thread>
+    trained = [i for i, m in zip(samples[0].response_ids, samples[0].response_mask) if m]
+    assert trained[-1] == eos and trained.count(eos) == 1  # only the closing turn ends with it
