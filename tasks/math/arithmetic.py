@@ -56,6 +56,9 @@ class ArithmeticConfig:
             left out (or weighted 0) never appear.
         min_operators: Fewest operators per expression (at least 1).
         max_operators: Most operators per expression.
+        operator_counts: When given, the operator count is drawn uniformly from these instead
+            of from ``min_operators..max_operators`` (a mixture of short and long expressions,
+            e.g. ``(1, 2, 3, 12, 13, 14, 15)``).
         min_operand_digits: Fewest digits per operand (an operand of ``d`` digits is uniform over
             ``[10**(d-1), 10**d - 1]``, and over ``[1, 9]`` for one digit).
         max_operand_digits: Most digits per operand.
@@ -78,6 +81,7 @@ class ArithmeticConfig:
     operator_weights: Mapping[str, float] = field(default_factory=_default_weights)
     min_operators: int = 3
     max_operators: int = 10
+    operator_counts: tuple[int, ...] | None = None
     min_operand_digits: int = 3
     max_operand_digits: int = 7
     paren_probability: float = 0.55
@@ -107,6 +111,13 @@ class ArithmeticConfig:
             self, "operator_weights", {op: float(weights.get(op, 0.0)) for op in OPERATORS}
         )
         object.__setattr__(self, "split_weights", tuple(float(w) for w in self.split_weights))
+        if self.operator_counts is not None:
+            counts = tuple(int(n) for n in self.operator_counts)
+            if not counts or min(counts) < 1:
+                raise ValueError(
+                    f"operator_counts must be a non-empty list of ints >= 1, got {counts}"
+                )
+            object.__setattr__(self, "operator_counts", counts)
         if not 1 <= self.min_operators <= self.max_operators:
             raise ValueError(
                 f"need 1 <= min_operators <= max_operators, got {self.min_operators}, "
@@ -302,7 +313,10 @@ def sample_expression(config: ArithmeticConfig, rng: random.Random) -> Expressio
     """Draw one expression from ``config`` (no result bound, no split; see ``ArithmeticTask``)."""
     ops_pool = [op for op in OPERATORS if config.operator_weights[op] > 0]
     weights = [config.operator_weights[op] for op in ops_pool]
-    n_ops = rng.randint(config.min_operators, config.max_operators)
+    if config.operator_counts is not None:
+        n_ops = rng.choice(config.operator_counts)
+    else:
+        n_ops = rng.randint(config.min_operators, config.max_operators)
     operators = tuple(rng.choices(ops_pool, weights=weights, k=n_ops))
     operands = tuple(
         _operand(rng, rng.randint(config.min_operand_digits, config.max_operand_digits))

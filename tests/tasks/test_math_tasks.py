@@ -584,3 +584,15 @@ def test_hub_failure_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hf_datasets, "load_dataset", offline)
     with pytest.raises(RuntimeError, match="pass path="):
         MATH500Task().size("test")
+
+
+def test_arithmetic_operator_counts_mix_short_and_long() -> None:
+    task = ArithmeticTask(preset="easy", operator_counts=(1, 2, 12, 13), max_result_digits=None)
+    counts = Counter(task.get("train", i).metadata["operators"] for i in range(800))
+    assert set(counts) == {1, 2, 12, 13}
+    assert all(150 < c < 250 for c in counts.values()), counts  # uniform over the four
+    cfg = task.config
+    assert ArithmeticConfig(**json.loads(json.dumps(cfg.to_dict()))) == cfg
+    for bad in ((), (0, 3), (-1,)):
+        with pytest.raises(ValueError, match="operator_counts"):
+            ArithmeticConfig(operator_counts=bad)
