@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from selfcest_env.budget import Limits
 from selfcest_env.configfile import from_mapping
+from selfcest_env.grammars import grammar_names
 from selfcest_env.prompts import PromptConfig
 from selfcest_env.protocol import SPAWN_MODES
 from selfcest_env.reward import RewardConfig
@@ -46,6 +47,10 @@ class EnvConfig:
         spawn_mode: How clones start when a spawn does not say (:data:`~selfcest_env.protocol.
             SPAWN_MODES`): ``fresh`` (its objective and the context keys it is given) or
             ``fork`` (a copy of its parent's context so far, then its objective).
+        protocol: The grammar text turns are read in (:mod:`selfcest_env.grammars`):
+            ``tool-call`` (SELFCEST's ``spawn_clone`` calls), or a single-stream parallel
+            grammar (``apr``, ``threadweaver``, ``parallel-r1``, ``multiverse``) for scoring
+            models trained in another method's format on the same ledger.
     """
 
     limits: Limits = field(default_factory=Limits)
@@ -57,9 +62,14 @@ class EnvConfig:
     max_prompt_chars: int = 1 << 20
     grade_timeout_s: float | None = 300.0
     spawn_mode: SpawnMode = "fresh"
+    protocol: str = "tool-call"
 
     def __post_init__(self) -> None:
         check_split(self.split)
+        if self.protocol not in grammar_names():
+            raise ValueError(
+                f"protocol must be one of {', '.join(grammar_names())}, got {self.protocol!r}"
+            )
         if self.spawn_mode not in SPAWN_MODES:
             raise ValueError(
                 f"spawn_mode must be one of {', '.join(SPAWN_MODES)}, got {self.spawn_mode!r}"

@@ -31,6 +31,8 @@ import gymnasium as gym
 
 from selfcest_env.budget import Ledger
 from selfcest_env.config import EnvConfig
+from selfcest_env.grammars import make_grammar
+from selfcest_env.grammars.base import Grammar, TurnView
 from selfcest_env.observations import context_info, observation
 from selfcest_env.prefill import PrefixLedger
 from selfcest_env.prompts import (
@@ -49,7 +51,6 @@ from selfcest_env.protocol import (
     SpawnCall,
     TurnInput,
     clean_text,
-    parse_turn,
 )
 from selfcest_env.reward import RewardBreakdown, RewardConfig, clone_reward, terminal_reward
 from selfcest_env.safe_grading import grade_safely
@@ -117,6 +118,7 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
             RewardConfig.qa() if task.domain == "qa" else RewardConfig()
         )
         self.counter: TokenCounter = as_token_counter(tokenizer)
+        self.grammar: Grammar = make_grammar(self.config.protocol)
         self.render_mode = render_mode
         self.observation_space = observation_space(self.config.max_prompt_chars)
         self.action_space = action_space(self.config.max_prompt_chars)
@@ -148,25 +150,24 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         self._started = time.perf_counter()
         may_spawn = self.limits.max_depth > 0
         prompts = self.config.prompts
+        messages, open_message = self.grammar.root_messages(
+            prompts.root_system if may_spawn else prompts.plain_system,
+            root_user_message(
+                self._instance.prompt,
+                self._paragraphs,
+                self.config.root_view,
+                may_spawn and self.grammar.uses_tools,
+            ),
+        )
         root = Context(
             id=0,
             parent=None,
             depth=0,
             label="root",
             objective=self._instance.prompt,
-            messages=[
-                {
-                    "role": "system",
-                    "content": prompts.root_system if may_spawn else prompts.plain_system,
-                },
-                {
-                    "role": "user",
-                    "content": root_user_message(
-                        self._instance.prompt, self._paragraphs, self.config.root_view, may_spawn
-                    ),
-                },
-            ],
+            messages=messages,
             may_spawn=may_spawn,
+            open_message=open_message,
         )
         self._contexts.append(root)
         self._enqueue(root)
@@ -410,7 +411,17 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
             context.messages.append({"role": "assistant", "content": text})
         parsed = turn.parsed if turn.parsed is not None and not charged.cut else None
         if parsed is None:
-            parsed = parse_turn(text, self.limits.max_tool_calls_per_turn)
+            parsed = self.grammar.parse(
+                TurnView(
+                    text=text,
+                    stream=context.messages[-1]["content"],
+                    is_root=context.parent is None,
+                    may_spawn=context.may_spawn,
+                    header=context.objective if context.parent is not None else "",
+                    max_calls=self.limits.max_tool_calls_per_turn,
+                )
+            )
+        context.messages[-1]["content"] += parsed.appended
         record.repairs = list(parsed.repairs)
         ledger.tool_repairs += len(parsed.repairs)
         if parsed.is_return:
@@ -445,7 +456,11 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         prompts = self.config.prompts
         limits = self.limits
         number = 0
-        inline = len(parsed.calls) == 1 and parsed.calls[0].join == "inline"
+        inline = parsed.inline or (len(parsed.calls) == 1 and parsed.calls[0].join == "inline")
+        if inline and not parsed.calls:  # a single-stream turn that neither spawns nor returns
+            context.open_message = True
+            self._enqueue(context)
+            return
         for call in parsed.calls:
             if not context.may_spawn:
                 record.errors.append("spawn_clone is not available: depth limit reached")
@@ -471,7 +486,7 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
                         self._ledger.tool_errors += 1
                     forked = (call.mode or self.config.spawn_mode) == "fork"
                     lines.append(
-                        (f"{objective.instruction}\n{failure}" if forked else failure)
+                        self.grammar.unstarted(objective, failure, forked)
                         if inline
                         else answer_line(label, failure, prompts)
                     )
@@ -500,7 +515,9 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         of ``label: answer`` lines, or (inline) their paths and the call's closing text
         appended to its open message."""
         if context.waiting_join == "inline":
-            context.messages[-1]["content"] += "".join(lines) + context.waiting_after
+            context.messages[-1]["content"] += (
+                self.grammar.join_paths(lines) + context.waiting_after
+            )
         else:
             context.messages.append(
                 {"role": "tool", "content": tool_message(lines, self.config.prompts)}
@@ -524,6 +541,8 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         )
         if child.mode == "fork":
             self._fork(parent, child, objective)
+        elif (own := self.grammar.child_messages(parent, objective)) is not None:
+            child.messages, child.open_message = own
         else:
             prompts = self.config.prompts
             system = prompts.clone_system
@@ -570,7 +589,7 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
         parent = self._contexts[context.parent]
         slot = parent.waiting_slots.pop(context.id)
         parent.waiting_lines[slot] = (
-            context.joined_text()
+            self.grammar.contribution(context)
             if context.join == "inline"
             else answer_line(context.label, context.result_text(), self.config.prompts)
         )
@@ -694,6 +713,9 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
     def _info(self, context: Context) -> dict[str, Any]:
         allowance, _ = self._allowance(context)
         info = context_info(context, allowance, self.task.answer_type, list(self._paragraphs))
+        if not self.grammar.uses_tools:
+            info["tools"] = []
+        info["stop"] = list(self.grammar.stop_strings(context))
         info["meters"] = self._ledger.meters()
         info["runnable"] = len(self._runnable)
         return info

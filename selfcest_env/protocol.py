@@ -216,6 +216,11 @@ class ParsedTurn:
         marked: Whether a marker (a box, ``Answer:``, ``####``) introduced the answer.
         verbatim: A structured :class:`Return`'s answer as given, before the extraction that
             makes ``answer`` (what an inline join hands the parent; ``None`` for text turns).
+        inline: The turn belongs to a single-stream grammar (:mod:`selfcest_env.grammars`):
+            without a spawn or a return the context continues its open message (its errors
+            are recorded, not sent as a tool message).
+        appended: Text the env writes right after the turn, a repair (a closing tag the
+            model left out, a newline before a join).
     """
 
     calls: tuple[SpawnCall, ...] = ()
@@ -224,6 +229,8 @@ class ParsedTurn:
     answer: str | None = None
     marked: bool = False
     verbatim: str | None = None
+    inline: bool = False
+    appended: str = ""
 
     @property
     def is_return(self) -> bool:

@@ -29,6 +29,8 @@ from ..hashing import split_of
 from ._seeded import SeededSplitSource
 
 _OPS = ("+", "-", "*", "/")
+#: How a problem is put (:attr:`CountdownConfig.prompt_style`).
+PROMPT_STYLES = ("instruct", "apr")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,10 @@ class CountdownConfig:
             target is then chosen among them at random.
         split_weights: Share of problem space given to train, dev and test.
         max_attempts: Give up (``RuntimeError``) after this many draws for one instance.
+        prompt_style: ``"instruct"``, a sentence asking for the expression after ``Answer:``;
+            ``"apr"``, APR's search-state line (``Moving to Node #0⏎Current State: 27:[22, 26,
+            31, 53], Operations: []``), the start of the stream an APR-style model continues
+            (the ``apr`` grammar, :mod:`selfcest_env.grammars.apr`).
     """
 
     n_numbers: int = 4
@@ -63,8 +69,13 @@ class CountdownConfig:
     targets_per_draw: int = 4
     split_weights: tuple[float, float, float] = (1.0, 1.0, 1.0)
     max_attempts: int = 10_000
+    prompt_style: str = "instruct"
 
     def __post_init__(self) -> None:
+        if self.prompt_style not in PROMPT_STYLES:
+            raise ValueError(
+                f"prompt_style must be one of {', '.join(PROMPT_STYLES)}, got {self.prompt_style!r}"
+            )
         if self.n_numbers < 2:
             raise ValueError(f"n_numbers must be >= 2, got {self.n_numbers}")
         if not 0 < self.min_number <= self.max_number:
@@ -202,7 +213,9 @@ class CountdownTask(SeededSplitSource):
                 return None
             listed = ", ".join(str(n) for n in numbers)
             prompt = (
-                f"Using the numbers [{listed}], create an equation that equals {target}. "
+                f"Moving to Node #0\nCurrent State: {target}:[{listed}], Operations: []"
+                if cfg.prompt_style == "apr"
+                else f"Using the numbers [{listed}], create an equation that equals {target}. "
                 "You can use basic arithmetic operations (+, -, *, /) and each number must be "
                 "used exactly once. Give the expression after 'Answer:'."
             )

@@ -596,3 +596,17 @@ def test_arithmetic_operator_counts_mix_short_and_long() -> None:
     for bad in ((), (0, 3), (-1,)):
         with pytest.raises(ValueError, match="operator_counts"):
             ArithmeticConfig(operator_counts=bad)
+
+
+def test_countdown_apr_prompt_style_is_aprs_search_state_line() -> None:
+    from selfcest_env.tasks.math.countdown import CountdownConfig, CountdownTask
+
+    plain, apr = CountdownTask(seed=3), CountdownTask(seed=3, prompt_style="apr")
+    for i in range(20):
+        a, b = plain.get("test", i), apr.get("test", i)
+        assert a.metadata == b.metadata  # the same problems, put another way
+        numbers, target = b.metadata["numbers"], b.metadata["target"]
+        listed = ", ".join(map(str, numbers))
+        assert b.prompt == f"Moving to Node #0\nCurrent State: {target}:[{listed}], Operations: []"
+    with pytest.raises(ValueError, match="prompt_style must be one of"):
+        CountdownConfig(prompt_style="chat")
