@@ -166,7 +166,9 @@ def generate_turns(
     """Model turns for ``views`` in one batched backend call.
 
     ``messages`` overrides each view's chat messages (agents that rewrite the prompt); by
-    default the context's own messages and tools are sent. Where generation failed the list
+    default the context's own messages and tools are sent. Each request stops where the env's
+    grammar says the context's turn ends (``info["stop"]``: a fork grammar's trigger or closing
+    tag). Where generation failed the list
     holds an :class:`~selfcest_env.rollout.ActionFailure` naming the backend and its error
     (see :func:`generate_isolated` for exceptions).
     """
@@ -186,6 +188,7 @@ def generate_turns(
                 top_p=sampling.top_p,
                 seed=turn_seed(sampling.seed, view),
                 tools=view.info["tools"] or None,
+                stop=tuple(view.info.get("stop") or ()),
             )
         )
     return [

@@ -36,6 +36,10 @@ AGENTS: dict[str, str] = {
     "clone-controller-trained": (
         "selfcest_env.agents.trained_controller:TrainedCloneControllerAgent"
     ),
+    "apr": "selfcest_env.agents.parallel_grammars:AprAgent",
+    "threadweaver": "selfcest_env.agents.parallel_grammars:ThreadWeaverAgent",
+    "parallel-r1": "selfcest_env.agents.parallel_grammars:ParallelR1Agent",
+    "multiverse": "selfcest_env.agents.parallel_grammars:MultiverseAgent",
 }
 
 REGISTRY = Registry(

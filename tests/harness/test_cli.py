@@ -323,6 +323,10 @@ def test_registry_names_and_errors() -> None:
         "scripted-monolithic",
         "scripted-delegate",
         "clone-controller-trained",
+        "apr",
+        "threadweaver",
+        "parallel-r1",
+        "multiverse",
     )
     with pytest.raises(ValueError, match="valid names: monolithic, clone-controller"):
         make_agent("nope", None)
