@@ -33,6 +33,7 @@ AGENTS: dict[str, str] = {
     "tree-of-thoughts": "selfcest_env.agents.tree_of_thoughts:TreeOfThoughtsAgent",
     "scripted-monolithic": "selfcest_env.agents.scripted:ScriptedMonolithic",
     "scripted-delegate": "selfcest_env.agents.scripted:ScriptedDelegator",
+    "scripted-threadweaver": "selfcest_env.agents.scripted:ScriptedThreadWeaver",
     "clone-controller-trained": (
         "selfcest_env.agents.trained_controller:TrainedCloneControllerAgent"
     ),

@@ -14,6 +14,10 @@ of the tree they build and therefore what the ledger charges.
   clones that cannot spawn work their chunk out as :class:`ScriptedStepByStep` does (what a
   model clone has to write), instead of answering at once; with ``sum_steps`` a context that
   spawned adds its clones' answers up the same way, one running total per line.
+* :class:`ScriptedThreadWeaver` delegates the same way in ThreadWeaver's grammar (the env's
+  ``protocol="threadweaver"``): the root writes one ``<Outline>`` per chunk, each forked
+  ``<Thread>`` works its chunk out, and the root adds the threads' results up after the join;
+  the teacher for imitation in that grammar.
 """
 
 from __future__ import annotations
@@ -142,15 +146,21 @@ class ScriptedStepByStep(ScriptedAgent):
 
     def act(self, observation: Mapping[str, Any], info: Mapping[str, Any]) -> Action:
         """``Return`` the value with the running totals written before it."""
-        terms = top_level_terms(expression_of(info["messages"]))
-        total = evaluate_expression(terms[0])
-        lines = []
-        for term in terms[1:]:  # every later term starts with its sign
-            value = evaluate_expression(term)
-            lines.append(f"{total}{term.replace(' ', '')}={total + value}")
-            total += value
+        lines, total = running_totals(top_level_terms(expression_of(info["messages"])))
         lines.append(f"Answer: {total}")
         return Return(str(total), text="\n".join(lines))
+
+
+def running_totals(terms: Sequence[str]) -> tuple[list[str], int]:
+    """One line per later term, ``7+5=12`` (every later term starts with its sign), and the
+    total."""
+    total = evaluate_expression(terms[0])
+    lines = []
+    for term in terms[1:]:
+        value = evaluate_expression(term)
+        lines.append(f"{total}{term.replace(' ', '')}={total + value}")
+        total += value
+    return lines, total
 
 
 @dataclass
@@ -213,10 +223,62 @@ class ScriptedDelegator(ScriptedAgent):
         total = sum(values)
         if not self.sum_steps or len(values) < 2:
             return Return(str(total))
-        running = values[0]
-        lines = []
-        for value in values[1:]:
-            lines.append(f"{running}{value:+d}={running + value}")
-            running += value
+        lines, _ = running_totals([str(values[0])] + [f"{value:+d}" for value in values[1:]])
         lines.append(f"Answer: {total}")
         return Return(str(total), text="\n".join(lines))
+
+
+_THREAD_HEADER = re.compile(r"<Thread>\s*(\d+):$")
+_THREAD_RESULT = re.compile(r"= (-?\d+)\n</Thread>")
+
+
+@dataclass
+class ScriptedThreadWeaver(ScriptedAgent):
+    """:class:`ScriptedDelegator`'s split in ThreadWeaver's grammar (module docstring).
+
+    The root writes ``<Outlines>`` with ``<Outline>k: <chunk></Outline>`` lines; thread ``k``
+    writes its chunk's running totals and ``= <value>`` before ``</Thread>``; after the join
+    the root writes ``</Parallel>``, the running totals of the threads' values and the answer.
+    Expressions of one term are answered at once.
+
+    Attributes:
+        parts: Chunks (threads) per block.
+        chunk_size: Terms per thread instead of ``parts`` equal chunks.
+    """
+
+    parts: int = 2
+    chunk_size: int | None = None
+    name: str = "scripted-threadweaver"
+    info: ClassVar[AgentInfo] = AgentInfo(
+        needs_backend=False,
+        options={"parts": OptionRange(int, 1), "chunk_size": OptionRange(int, 1)},
+        description="exact arithmetic split over ThreadWeaver threads, no model (imitation)",
+    )
+
+    def act(self, observation: Mapping[str, Any], info: Mapping[str, Any]) -> Action:
+        """Outlines at the root's start, a chunk's work in a thread, the sum after the join."""
+        messages = info["messages"]
+        stream = messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
+        header = _THREAD_HEADER.search(stream)
+        if info["depth"] > 0 and header is not None:
+            return self._thread(stream, header.group(1))
+        if stream:
+            values = [int(v) for v in _THREAD_RESULT.findall(stream)]
+            if not values:
+                return Return("unknown")
+            lines, total = running_totals([str(values[0])] + [f"{v:+d}" for v in values[1:]])
+            return "\n".join(["</Parallel>", *lines, f"Answer: {total}"])
+        terms = top_level_terms(expression_of(messages))
+        if len(terms) < 2:
+            return Return(str(evaluate_expression(terms[0])))
+        chunks = chunk_terms(terms, self.parts, self.chunk_size)
+        outlines = "".join(f"<Outline>{k}: {c}</Outline>\n" for k, c in enumerate(chunks, 1))
+        return f"<Parallel>\n<Outlines>\n{outlines}</Outlines>"
+
+    def _thread(self, stream: str, number: str) -> str:
+        """Thread ``number``'s text: its chunk's running totals, then ``= value``."""
+        found = re.search(rf"<Outline>{number}: ([^<\n]+)</Outline>", stream)
+        if found is None:
+            return "= unknown\n</Thread>"
+        lines, total = running_totals(top_level_terms(found.group(1)))
+        return "\n".join(["", *lines, f"= {total}", "</Thread>"])

@@ -24,7 +24,12 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from selfcest_env.agents.scripted import ScriptedAgent, ScriptedDelegator, ScriptedStepByStep
+from selfcest_env.agents.scripted import (
+    ScriptedAgent,
+    ScriptedDelegator,
+    ScriptedStepByStep,
+    ScriptedThreadWeaver,
+)
 from selfcest_env.agents.training.config import ImitationSection
 from selfcest_env.agents.training.grpo import collate, loss_denominator, nll_loss, token_logprobs
 from selfcest_env.agents.training.samples import Sample, trace_samples
@@ -82,9 +87,7 @@ def scripted_traces(
         )
     alone = round(step_by_step_share * episodes)
     solved_alone = _play(make_env, ScriptedStepByStep(), range(alone), seed)
-    delegator = ScriptedDelegator(
-        parts=parts, leaf_steps=leaf_steps, sum_steps=sum_steps, chunk_size=chunk_size
-    )
+    delegator = _teacher(make_env().config.protocol, parts, leaf_steps, sum_steps, chunk_size)
     delegated = _play(make_env, delegator, range(alone, episodes), seed)
     wrong = [result for result in delegated if not result.correct]
     if wrong:
@@ -96,6 +99,22 @@ def scripted_traces(
             ", ".join(sorted({result.end_reason for result in wrong})),
         )
     return [as_episode_trace(r.trace) for r in solved_alone + delegated if r.trace is not None]
+
+
+def _teacher(
+    protocol: str, parts: int, leaf_steps: bool, sum_steps: bool, chunk_size: int | None
+) -> ScriptedAgent:
+    """The scripted delegator of the env's grammar."""
+    if protocol == "threadweaver":  # its threads always work their chunk out
+        return ScriptedThreadWeaver(parts=parts, chunk_size=chunk_size)
+    if protocol != "tool-call":
+        raise ValueError(
+            f"imitation has scripted teachers for the tool-call and threadweaver grammars, "
+            f"not {protocol!r}; set imitation.episodes to 0 or use one of those"
+        )
+    return ScriptedDelegator(
+        parts=parts, leaf_steps=leaf_steps, sum_steps=sum_steps, chunk_size=chunk_size
+    )
 
 
 def section_traces(

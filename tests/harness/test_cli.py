@@ -322,6 +322,7 @@ def test_registry_names_and_errors() -> None:
         "tree-of-thoughts",
         "scripted-monolithic",
         "scripted-delegate",
+        "scripted-threadweaver",
         "clone-controller-trained",
         "apr",
         "threadweaver",

@@ -444,3 +444,42 @@ def test_teacher_forced_inline_paths_end_at_their_stop_text_not_the_eos(tokenize
     assert samples[1].response_ids[-1] != eos  # a thread stops at </Thread>
     trained = [i for i, m in zip(samples[0].response_ids, samples[0].response_mask) if m]
     assert trained[-1] == eos and trained.count(eos) == 1  # only the closing turn ends with it
+
+
+def test_threadweaver_imitation_traces_give_exact_samples(tokenizer):
+    """The ThreadWeaver teacher's episodes (``protocol="threadweaver"``), as imitation reads
+    them: every context one exact sample; a thread's response is its chunk's work up to
+    ``</Thread>`` (no end of sequence: the stream goes on), the root's one sequence holds its
+    outlines and answer (trained) around the joined threads (not trained)."""
+    from selfcest_env.agents.training.imitation import imitation_samples, scripted_traces
+
+    def make_env():
+        return gym.make(
+            "SelfCest-Math-v0",
+            protocol="threadweaver",
+            preset="long-sum",
+            max_clones_per_call=4,
+            tokenizer=tokenizer,
+        ).unwrapped
+
+    traces = scripted_traces(make_env, 6, parts=3, step_by_step_share=0.5)
+    assert len(traces) == 6 and all(t.end_reason == "answered" and t.reward > 0.5 for t in traces)
+    samples = imitation_samples(traces, tokenizer)
+    assert all(s.exact for s in samples)
+    assert [len(t.contexts) for t in traces] == [1, 1, 1, 4, 4, 4]  # alone, then delegated
+    eos = tokenizer.eos_token_id
+    threads = [s for s in samples if s.depth == 1]
+    assert len(threads) == 9
+    for thread in threads:
+        text = tokenizer.decode(thread.response_ids)
+        assert text.rstrip().endswith("</Thread>") and thread.response_ids[-1] != eos
+        assert tokenizer.decode(thread.prompt_ids).rstrip().endswith(":")
+    roots = [s for s in samples if s.context_id == 0]
+    for number, root in enumerate(roots):
+        trained = [i for i, m in zip(root.response_ids, root.response_mask) if m]
+        assert trained[-1] == eos and trained.count(eos) == 1
+        decoded = tokenizer.decode(trained[:-1])
+        assert decoded.endswith(f"Answer: {traces[number].root.answer}")
+        if number >= 3:  # the outlines, then (after the joined threads) the sum
+            assert decoded.startswith("<Parallel>\n<Outlines>\n<Outline>1: ")
+            assert "</Outlines></Parallel>\n" in decoded and "<Thread>" not in decoded
