@@ -101,6 +101,8 @@ def split_env_kwargs(
     config_updates = {k: v for k, v in kwargs.items() if k in _CONFIG_FIELDS}
     if isinstance(config_updates.get("reward"), Mapping):  # from a config file or the CLI
         config_updates["reward"] = from_mapping(RewardConfig, config_updates["reward"], "reward")
+    if isinstance(config_updates.get("prompts"), Mapping):
+        config_updates["prompts"] = from_mapping(PromptConfig, config_updates["prompts"], "prompts")
     limit_updates = {k: v for k, v in kwargs.items() if k in _LIMIT_FIELDS}
     source_kwargs = {
         k: v for k, v in kwargs.items() if k not in _CONFIG_FIELDS and k not in _LIMIT_FIELDS

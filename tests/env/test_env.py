@@ -9,6 +9,8 @@ from gymnasium.utils.env_checker import check_env
 import selfcest_env  # noqa: F401  (registers the ids)
 from selfcest_env import EnvConfig, Limits, Return, SelfCestEnv, Spawn, Turn
 from selfcest_env.agents.scripted import ScriptedDelegator, ScriptedMonolithic
+from selfcest_env.configfile import ConfigError
+from selfcest_env.prompts import PromptConfig
 from selfcest_env.tasks.base import TaskInstance
 from tests.conftest import FixedTasks
 
@@ -300,6 +302,17 @@ def test_reward_constants_can_come_as_a_mapping_from_a_config_file():
     assert reward == pytest.approx(0.9, abs=1e-9)
     _, reward, _, _, info = play(env, ScriptedMonolithic(), seed=0)
     assert info["correct"] and reward == 1.0
+
+
+def test_prompts_can_come_as_a_mapping_from_a_config_file_or_the_cli():
+    env = gym.make(
+        "SelfCest-Math-v0", preset="easy", prompts={"root_system": "Delegate."}
+    ).unwrapped
+    _, info = env.reset(seed=0)
+    assert info["messages"][0] == {"role": "system", "content": "Delegate."}
+    assert env.config.prompts.clone_system == PromptConfig().clone_system  # the default stays
+    with pytest.raises(ConfigError, match="prompts"):
+        gym.make("SelfCest-Math-v0", prompts={"root_sytem": "x"})
 
 
 @pytest.mark.parametrize(
