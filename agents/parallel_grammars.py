@@ -12,33 +12,16 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from selfcest_env.agents.backends.base import Backend
-from selfcest_env.agents.base import (
-    SAMPLING_OPTIONS,
-    AgentInfo,
-    ModelAgent,
-    OptionRange,
-    SamplingConfig,
-)
+from selfcest_env.agents.base import SAMPLING_OPTIONS, AgentInfo, OptionRange
+from selfcest_env.agents.clone_controller import CloneControllerAgent
 
 
-class GrammarAgent(ModelAgent):
-    """A model trained in the grammar :attr:`protocol`; the root and every path are the model.
-
-    Args:
-        backend: The model.
-        sampling: How turns are sampled.
-        max_depth: How deep blocks may nest (1: paths cannot open blocks of their own).
-    """
+class GrammarAgent(CloneControllerAgent):
+    """A model trained in the grammar :attr:`protocol`; the root and every path are the model
+    (``max_depth``: how deep blocks may nest; 1, paths cannot open blocks of their own)."""
 
     #: The grammar's name (``EnvConfig.protocol``).
     protocol: ClassVar[str]
-
-    def __init__(
-        self, backend: Backend, sampling: SamplingConfig | None = None, max_depth: int = 1
-    ) -> None:
-        super().__init__(backend, sampling)
-        self.max_depth = max_depth
 
     def env_overrides(self) -> dict[str, Any]:
         """The grammar, its depth, and QA roots that see the paragraphs (forks copy them)."""

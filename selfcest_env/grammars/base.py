@@ -35,6 +35,8 @@ from selfcest_env.tree import Context
 
 #: A numbered outline, ``<Outline>2:`` or ``<Outline>⏎1.2:`` (ThreadWeaver, Multiverse).
 OUTLINE_ID = re.compile(r"<Outline>\s*(\d+(?:\.\d+)*)\s*:")
+#: A path header's id, ``<Path>⏎1.2:`` or ``<Thread>⏎3:``.
+_PATH_ID = re.compile(r"<(?:Path|Thread)>\s*(\d+(?:\.\d+)*)\s*:")
 
 
 @dataclass(frozen=True)
@@ -168,3 +170,54 @@ class Grammar:
     def join_paths(self, pieces: Sequence[str]) -> str:
         """The text the parent's message is extended by (before the call's ``after``)."""
         return "".join(pieces)
+
+
+class ForkGrammar(Grammar):
+    """A grammar whose trigger string opens a block of fork paths, each ended by :attr:`close`
+    (ThreadWeaver, Parallel-R1, Multiverse). Subclasses set the class attributes and write
+    :meth:`open_block`."""
+
+    #: What ends a turn that opens a block (``</Outlines>``).
+    trigger: ClassVar[str]
+    #: What a path is called in repair messages.
+    path_name: ClassVar[str] = "path"
+    #: Whether a path may open a block of its own (its stop strings include the trigger).
+    nests: ClassVar[bool] = False
+
+    def stop_strings(self, context: Context) -> tuple[str, ...]:
+        """The root stops at the trigger; a path at its closing tag (and the trigger, when
+        blocks nest)."""
+        if context.parent is None:
+            return (self.trigger,)
+        return (self.trigger, self.close) if self.nests else (self.close,)
+
+    def parse(self, view: TurnView) -> ParsedTurn:
+        """A turn ending in the trigger opens a block (:meth:`open_block`); a path's other
+        turns close it; the root's other turns return its answer."""
+        opens = ends_with(view.text, self.trigger) and (view.is_root or self.nests)
+        if not opens:
+            return (
+                root_answer(view) if view.is_root else closed_path(view, self.close, self.path_name)
+            )
+        if not view.may_spawn:
+            return continuation(f"{self.trigger} not forked: depth limit reached")
+        return self.open_block(view)
+
+    def open_block(self, view: TurnView) -> ParsedTurn:
+        """The spawn of the block the turn opened (or a continuation with an error)."""
+        raise NotImplementedError
+
+    def outline_block(self, view: TurnView, opening: str, header: str, after: str) -> ParsedTurn:
+        """The block of numbered outlines from the last ``opening`` on: one path per id, its
+        header ``header.format(id=...)`` (ThreadWeaver, Multiverse). Outlines without ids are
+        numbered by position, below the context's own path id (``1.1`` in path ``1``)."""
+        block = view.stream[view.stream.rfind(opening) :] if opening in view.stream else ""
+        ids, numbered = outline_ids(block)
+        if not ids:
+            return continuation(f"{self.trigger} without an <Outline>: continuing sequentially")
+        repairs: tuple[str, ...] = ()
+        if numbered:
+            own = _PATH_ID.search(view.header)
+            ids = [f"{own.group(1)}.{k}" if own else k for k in ids]
+            repairs = (f"outlines without numbers: {self.path_name}s numbered by position",)
+        return inline_spawn([header.format(id=k) for k in ids], after=after, repairs=repairs)

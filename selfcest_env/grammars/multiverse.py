@@ -35,57 +35,25 @@ The grammar, as its data (``data/parse.py``) writes it and its engine runs it::
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
-from selfcest_env.grammars.base import (
-    Grammar,
-    TurnView,
-    closed_path,
-    continuation,
-    ends_with,
-    inline_spawn,
-    outline_ids,
-    root_answer,
-)
+from selfcest_env.grammars.base import ForkGrammar, TurnView
 from selfcest_env.protocol import ParsedTurn
-from selfcest_env.tree import Context
-
-TRIGGER = "</Goal>"
-OPEN = "<Goal>"
-CLOSE = "</Path>"
-AFTER = "<Conclusion>\n"
-_PATH_ID = re.compile(r"<Path>\s*(\d+(?:\.\d+)*)\s*:")
 
 
-class MultiverseGrammar(Grammar):
+class MultiverseGrammar(ForkGrammar):
     """Multiverse's ``<Parallel>`` / ``<Goal>`` / ``<Path>`` / ``<Conclusion>`` blocks, nested
     (module docstring)."""
 
     name = "multiverse"
     summary = "Multiverse: a <Goal> of <Outline>s forks one <Path> each, nested, then <Conclusion>"
-    close = CLOSE
+    trigger = "</Goal>"
+    close = "</Path>"
+    nests = True
 
-    def stop_strings(self, context: Context) -> tuple[str, ...]:
-        """Every context stops at ``</Goal>``; a path also at ``</Path>``."""
-        return (TRIGGER,) if context.parent is None else (TRIGGER, CLOSE)
-
-    def parse(self, view: TurnView) -> ParsedTurn:
-        """A turn ending in ``</Goal>`` forks its outlines; a path's other turns close it."""
-        if not ends_with(view.text, TRIGGER):
-            return root_answer(view) if view.is_root else closed_path(view, CLOSE, "path")
-        if not view.may_spawn:
-            return continuation("</Goal> not forked: depth limit reached")
-        block = view.stream[view.stream.rfind(OPEN) :] if OPEN in view.stream else ""
-        ids, numbered = outline_ids(block)
-        if not ids:
-            return continuation("</Goal> without an <Outline>: continuing sequentially")
-        if numbered:
-            own = _PATH_ID.search(view.header)
-            prefix = f"{own.group(1)}." if own else ""
-            ids = [f"{prefix}{k}" for k in ids]
-        repairs = ("outlines without numbers: paths numbered by position",) if numbered else ()
-        return inline_spawn([f"\n<Path>\n{k}:" for k in ids], after=AFTER, repairs=repairs)
+    def open_block(self, view: TurnView) -> ParsedTurn:
+        """One path per outline id, then ``<Conclusion>``."""
+        return self.outline_block(view, "<Goal>", "\n<Path>\n{id}:", after="<Conclusion>\n")
 
     def join_paths(self, pieces: Sequence[str]) -> str:
         """Path 1 as written, later paths without their leading newline, each on its lines."""

@@ -16,43 +16,20 @@ The grammar, as the released rollout loop (``ParallelThinkingAgentLoopV3``) runs
 
 from __future__ import annotations
 
-from selfcest_env.grammars.base import (
-    Grammar,
-    TurnView,
-    closed_path,
-    continuation,
-    ends_with,
-    inline_spawn,
-    root_answer,
-)
+from selfcest_env.grammars.base import ForkGrammar, TurnView, inline_spawn
 from selfcest_env.protocol import ParsedTurn
-from selfcest_env.tree import Context
-
-TRIGGER = "<Parallel>"
-HEADER = "<Path>"
-CLOSE = "</Path>"
-AFTER = "</Parallel>\n<Summary>"
 
 
-class ParallelR1Grammar(Grammar):
+class ParallelR1Grammar(ForkGrammar):
     """Parallel-R1's ``<Parallel>`` / ``<Path>`` / ``<Summary>`` blocks (module docstring)."""
 
     name = "parallel-r1"
     summary = "Parallel-R1: <Parallel> forks a fixed number of <Path>s, then a <Summary>"
-    close = CLOSE
+    trigger = "<Parallel>"
+    close = "</Path>"
     #: Paths per block (the released scripts' ``num_paths``).
     paths = 2
 
-    def stop_strings(self, context: Context) -> tuple[str, ...]:
-        """The root stops at ``<Parallel>``, a path at ``</Path>``."""
-        return (TRIGGER,) if context.parent is None else (CLOSE,)
-
-    def parse(self, view: TurnView) -> ParsedTurn:
-        """A root turn ending in ``<Parallel>`` forks the paths; a path's turn closes it."""
-        if not view.is_root:
-            return closed_path(view, CLOSE, "path")
-        if not ends_with(view.text, TRIGGER):
-            return root_answer(view)
-        if not view.may_spawn:
-            return continuation("<Parallel> not forked: depth limit reached")
-        return inline_spawn([HEADER] * self.paths, after=AFTER)
+    def open_block(self, view: TurnView) -> ParsedTurn:
+        """:attr:`paths` paths, then ``</Parallel>⏎<Summary>``."""
+        return inline_spawn(["<Path>"] * self.paths, after="</Parallel>\n<Summary>")

@@ -29,49 +29,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from selfcest_env.grammars.base import (
-    Grammar,
-    TurnView,
-    closed_path,
-    continuation,
-    ends_with,
-    inline_spawn,
-    outline_ids,
-    root_answer,
-)
+from selfcest_env.grammars.base import ForkGrammar, TurnView
 from selfcest_env.protocol import ParsedTurn
-from selfcest_env.tree import Context
-
-TRIGGER = "</Outlines>"
-OPEN = "<Outlines>"
-CLOSE = "</Thread>"
 
 
-class ThreadWeaverGrammar(Grammar):
+class ThreadWeaverGrammar(ForkGrammar):
     """ThreadWeaver's ``<Parallel>`` / ``<Outlines>`` / ``<Thread>`` blocks (module docstring)."""
 
     name = "threadweaver"
     summary = "ThreadWeaver: <Outlines> of numbered <Outline>s, one forked <Thread> each"
-    close = CLOSE
+    trigger = "</Outlines>"
+    close = "</Thread>"
+    path_name = "thread"
 
-    def stop_strings(self, context: Context) -> tuple[str, ...]:
-        """The root stops at ``</Outlines>``, a thread at ``</Thread>``."""
-        return (TRIGGER,) if context.parent is None else (CLOSE,)
-
-    def parse(self, view: TurnView) -> ParsedTurn:
-        """A root turn ending in ``</Outlines>`` forks its outlines; a thread's turn closes it."""
-        if not view.is_root:
-            return closed_path(view, CLOSE, "thread")
-        if not ends_with(view.text, TRIGGER):
-            return root_answer(view)
-        if not view.may_spawn:
-            return continuation("</Outlines> not forked: depth limit reached")
-        block = view.stream[view.stream.rfind(OPEN) :] if OPEN in view.stream else ""
-        ids, numbered = outline_ids(block)
-        if not ids:
-            return continuation("</Outlines> without an <Outline>: continuing sequentially")
-        repairs = ("outlines without numbers: threads numbered by position",) if numbered else ()
-        return inline_spawn([f"\n<Thread>\n{k}:" for k in ids], after="\n", repairs=repairs)
+    def open_block(self, view: TurnView) -> ParsedTurn:
+        """One thread per outline id, joined by a newline."""
+        return self.outline_block(view, "<Outlines>", "\n<Thread>\n{id}:", after="\n")
 
     def join_paths(self, pieces: Sequence[str]) -> str:
         """Thread 1 as written, later threads without their leading newline."""
