@@ -386,3 +386,43 @@ def test_no_text_makes_a_grammar_raise_or_run_away(name, text):
         env.step_many({cid: text for cid in env.runnable()})
     assert env.trace()["end_reason"] is not None
     assert env.ledger.clones <= 11
+
+
+class Countdown3(FixedTasks):
+    """Reach 3 from [1, 2]."""
+
+    def __init__(self) -> None:
+        prompt = "Moving to Node #0\nCurrent State: 3:[1, 2], Operations: []"
+        super().__init__([TaskInstance("c1", prompt, "1 + 2")])
+
+    def grade(self, instance: TaskInstance, answer: str) -> Grade:
+        return grade_countdown(answer, [1, 2], 3)
+
+
+def test_apr_meters_by_hand():
+    """The prompt is 25 pieces, an open assistant message: 27 tokens. Root turn 1 (58 tokens):
+    ``Generated Node #0,0: 3:[3] Operation: 1+2=3`` (23) and the calling block (7 + 20 + 8);
+    the env adds a newline. The sub search's stream starts with its node (32 pieces: 34
+    tokens, sharing 8 with the root's: the message opening and ``Moving to Node #0``) and it
+    writes 26. The join adds 5 + 20 + 17 + 6 = 48, so the root's second prompt is 133, of
+    which the 85 of its first prompt and turn are cached; its last turn is 65."""
+    env = SelfCestEnv(Countdown3(), EnvConfig(protocol="apr", limits=Limits(max_depth=1)))
+    env.reset()
+    env.step(
+        "\nGenerated Node #0,0: 3:[3] Operation: 1+2=3\n<Calling Sub Searches>"
+        "\n<Start Sub Search 0 at level 1> Moving to Node #0,0\n<End Calling Sub Searches>"
+    )
+    (view,) = env.runnable().values()
+    assert view[1]["messages"][0]["content"] == (
+        "Moving to Node #0,0\nCurrent State: 3:[3], Operations: ['1+2=3']"
+    )
+    env.step("\n3,3 equal: Goal Reached\nMoving to Node #0,0\n3,3 equal: Goal Reached")
+    *_, terminated, _, info = env.step(
+        "3,3 equal: Goal Reached\nMoving to Node #0\nCurrent State: 3:[1, 2], Operations: []"
+        "\nExploring Operation: 1+2=3, Resulting Numbers: [3]\n3,3 equal: Goal Reached"
+    )
+    assert terminated and info["correct"] and info["answer"] == "1 + 2"
+    assert turn_meters(env) == [(0, 27, 27, 58), (0, 133, 48, 65), (1, 34, 26, 26)]
+    meters = info["meters"]
+    assert (meters["gen_tokens"], meters["critical_path_tokens"]) == (149, 149)
+    assert (meters["prompt_tokens"], meters["uncached_prompt_tokens"]) == (194, 101)
