@@ -163,6 +163,12 @@ def running_totals(terms: Sequence[str]) -> tuple[list[str], int]:
     return lines, total
 
 
+def adding_up(values: Sequence[int]) -> tuple[list[str], int]:
+    """:func:`running_totals` of a list of numbers (what a context writes to add up its
+    children's results)."""
+    return running_totals([str(values[0])] + [f"{value:+d}" for value in values[1:]])
+
+
 @dataclass
 class ScriptedDelegator(ScriptedAgent):
     """Spawn one clone per chunk of the expression's top-level terms, then add their answers.
@@ -223,7 +229,7 @@ class ScriptedDelegator(ScriptedAgent):
         total = sum(values)
         if not self.sum_steps or len(values) < 2:
             return Return(str(total))
-        lines, _ = running_totals([str(values[0])] + [f"{value:+d}" for value in values[1:]])
+        lines, _ = adding_up(values)
         lines.append(f"Answer: {total}")
         return Return(str(total), text="\n".join(lines))
 
@@ -266,7 +272,7 @@ class ScriptedThreadWeaver(ScriptedAgent):
             values = [int(v) for v in _THREAD_RESULT.findall(stream)]
             if not values:
                 return Return("unknown")
-            lines, total = running_totals([str(values[0])] + [f"{v:+d}" for v in values[1:]])
+            lines, total = adding_up(values)
             return "\n".join(["</Parallel>", *lines, f"Answer: {total}"])
         terms = top_level_terms(expression_of(messages))
         if len(terms) < 2:

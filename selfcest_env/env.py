@@ -712,9 +712,13 @@ class SelfCestEnv(gym.Env[dict[str, Any], Any]):
 
     def _info(self, context: Context) -> dict[str, Any]:
         allowance, _ = self._allowance(context)
-        info = context_info(context, allowance, self.task.answer_type, list(self._paragraphs))
-        if not self.grammar.uses_tools:
-            info["tools"] = []
+        info = context_info(
+            context,
+            allowance,
+            self.task.answer_type,
+            list(self._paragraphs),
+            self.grammar.uses_tools,
+        )
         info["stop"] = list(self.grammar.stop_strings(context))
         info["meters"] = self._ledger.meters()
         info["runnable"] = len(self._runnable)

@@ -51,7 +51,11 @@ def observation(
 
 
 def context_info(
-    context: Context, allowance: int | None, answer_type: str, context_keys: list[str]
+    context: Context,
+    allowance: int | None,
+    answer_type: str,
+    context_keys: list[str],
+    uses_tools: bool = True,
 ) -> dict[str, Any]:
     """The info of ``context`` (the env adds ``meters`` and ``runnable``): its chat messages,
     the tool schema when it may spawn, what it may generate now, how answers are read."""
@@ -64,6 +68,6 @@ def context_info(
         "objective": context.objective,
         "context_keys": context_keys if context.may_spawn else [],
         "answer_type": answer_type,
-        "tools": [spawn_clone_schema()] if context.may_spawn else [],
+        "tools": [spawn_clone_schema()] if context.may_spawn and uses_tools else [],
         "max_new_tokens": allowance,
     }

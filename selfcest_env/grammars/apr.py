@@ -89,20 +89,22 @@ def path_expression(stream: str, path: str) -> str | None:
     start = _STATE.search(stream)
     if start is None:
         return None
-    table = [(int(n), n.strip()) for n in start.group(2).split(",") if n.strip()]
+    table = {}  # value -> expressions of that value still on the table
+    for n in start.group(2).split(","):
+        if n.strip():
+            table.setdefault(int(n), []).append(n.strip())
     for a, op, b, c in _OPERATION.findall(path):
-        left = next((i for i, (value, _) in enumerate(table) if value == int(a)), None)
-        if left is None:
+        if not table.get(int(a)):
             return None
-        first = table.pop(left)
-        right = next((i for i, (value, _) in enumerate(table) if value == int(b)), None)
-        if right is None:
+        first = table[int(a)].pop(0)
+        if not table.get(int(b)):
             return None
-        second = table.pop(right)
-        table.append((int(c), f"({first[1]} {op} {second[1]})"))
-    if len(table) != 1:
+        second = table[int(b)].pop(0)
+        table.setdefault(int(c), []).append(f"({first} {op} {second})")
+    left = [expression for expressions in table.values() for expression in expressions]
+    if len(left) != 1:
         return None
-    return table[0][1].removeprefix("(").removesuffix(")")
+    return left[0].removeprefix("(").removesuffix(")")
 
 
 def _where(label: str, prefix: str) -> str:
