@@ -34,6 +34,7 @@ AGENTS: dict[str, str] = {
     "scripted-monolithic": "selfcest_env.agents.scripted:ScriptedMonolithic",
     "scripted-delegate": "selfcest_env.agents.scripted:ScriptedDelegator",
     "scripted-threadweaver": "selfcest_env.agents.scripted:ScriptedThreadWeaver",
+    "scripted-qa-delegate": "selfcest_env.agents.scripted_qa:ScriptedQADelegator",
     "clone-controller-trained": (
         "selfcest_env.agents.trained_controller:TrainedCloneControllerAgent"
     ),

@@ -15,7 +15,9 @@ cannot finish).
 
 QA (``SelfCest-MultiHopQA-v0``, synthetic two-hop questions at each ``--contexts`` size): the
 tokens of a monolithic reader's prompt (every paragraph) against the default model's window,
-and of the largest paragraph (what a clone given one key reads).
+and of the largest paragraph (what a clone given one key reads); and the scripted QA
+delegator's largest root context and largest context of any kind (peak tokens; the root reads
+the list of keys, each clone one paragraph) and its accuracy.
 
 ``--model-episodes N`` adds the default model's zero-shot monolithic accuracy on every math
 variant and cap and every QA size that fits the window (N episodes each, the transformers
@@ -33,6 +35,7 @@ import gymnasium as gym
 
 import selfcest_env  # noqa: F401  (registers the envs)
 from selfcest_env.agents.scripted import ScriptedAgent, ScriptedDelegator, ScriptedStepByStep
+from selfcest_env.agents.scripted_qa import ScriptedQADelegator
 from selfcest_env.rollout import episode_specs, run_episodes
 
 MATH_VARIANTS = ("easy", "long-sum", "longer-sum")
@@ -93,7 +96,8 @@ def math_table(tokenizer: Any, args: argparse.Namespace, backend: Any) -> None:
             )
             return env.unwrapped
 
-        strategies = (("step", ScriptedStepByStep()), ("delegate", ScriptedDelegator(2, True)))
+        delegate = ScriptedDelegator(parts=2, leaf_steps=True)
+        strategies = (("step", ScriptedStepByStep()), ("delegate", delegate))
         for name, policy in strategies:
             shape = scripted_shape(make_env, policy, args.episodes)
             fits = "".join(
@@ -119,16 +123,19 @@ def qa_table(tokenizer: Any, args: argparse.Namespace, backend: Any) -> None:
 
     window = AutoConfig.from_pretrained(default_model_dir()).max_position_embeddings
     print(f"\nQA: two-hop questions, the default model's window is {window} tokens")
-    print(f"{'context':>8} {'monolithic prompt':>17} {'fits':>5} {'largest paragraph':>17}")
+    print(
+        f"{'context':>8} {'monolithic prompt':>17} {'fits':>5} {'largest paragraph':>17} "
+        f"{'delegated: root peak':>20} {'any context':>11} {'accuracy':>8}"
+    )
     for size in _ints(args.contexts):
 
-        def make_env(size: int = size) -> Any:
+        def make_env(size: int = size, root_view: str = "full") -> Any:
             env = gym.make(
                 "SelfCest-MultiHopQA-v0",
                 hops=(2,),
                 question_types=("compositional",),
                 context_tokens=size,
-                root_view="full",
+                root_view=root_view,
                 tokenizer=tokenizer,
                 context_window=None,
             )
@@ -145,6 +152,19 @@ def qa_table(tokenizer: Any, args: argparse.Namespace, backend: Any) -> None:
             )
         fits = max(prompts) < window
         line = f"{size:8d} {mean(prompts):17.0f} {'yes' if fits else 'no':>5} {max(paragraphs):17d}"
+        delegated = list(
+            run_episodes(
+                lambda size=size: make_env(size, "keys"),
+                ScriptedQADelegator(),
+                episode_specs(range(args.episodes), 0),
+                parallel=args.episodes,
+                progress=False,
+            )
+        )
+        root_peak = max(r.meters["root_peak_context_tokens"] for r in delegated)
+        clone_peak = max(r.meters["peak_context_tokens"] for r in delegated)
+        accuracy = mean(r.correct for r in delegated)
+        line += f" {root_peak:20d} {clone_peak:11d} {accuracy:8.2f}"
         if backend is not None and fits:
             accuracy = monolithic_accuracy(backend, make_env, args.model_episodes, 64)
             line += f"  monolithic accuracy {accuracy:.2f}"

@@ -7,7 +7,9 @@ final answer. Optionally a share of the episodes is played by
 :class:`~selfcest_env.agents.scripted.ScriptedStepByStep` instead (the whole sum worked out in
 one context, cut where the env's limits cut it, as the env renders it): the policy then starts
 out choosing between solving alone and delegating, and reinforcement learning has to find out
-which one pays. Each context becomes a teacher-forced sample
+which one pays. On multi-hop QA the teacher is
+:class:`~selfcest_env.agents.scripted_qa.ScriptedQADelegator` (one round of clones per hop).
+Each context becomes a teacher-forced sample
 (:func:`~selfcest_env.agents.training.samples.trace_samples` with ``teacher_forcing=True``) and
 the policy minimises the negative log-likelihood of the scripted turns (prompts and tool
 messages masked out), with AdamW and a learning rate decaying linearly to 0, optionally in
@@ -30,6 +32,7 @@ from selfcest_env.agents.scripted import (
     ScriptedStepByStep,
     ScriptedThreadWeaver,
 )
+from selfcest_env.agents.scripted_qa import ScriptedQADelegator
 from selfcest_env.agents.training.config import ImitationSection
 from selfcest_env.agents.training.grpo import collate, loss_denominator, nll_loss, token_logprobs
 from selfcest_env.agents.training.samples import Sample, trace_samples
@@ -70,7 +73,10 @@ def scripted_traces(
 ) -> list[EpisodeTrace]:
     """Traces of ``episodes`` training episodes (instances ``0 .. episodes - 1``): the first
     ``round(step_by_step_share * episodes)`` played by ``ScriptedStepByStep``, the others by
-    ``ScriptedDelegator(parts, leaf_steps, sum_steps=sum_steps, chunk_size=chunk_size)``.
+    ``ScriptedDelegator(parts, leaf_steps, sum_steps=sum_steps, chunk_size=chunk_size)``
+    (in ThreadWeaver's grammar, ``ScriptedThreadWeaver``). On a task whose answers are not
+    integers (multi-hop QA) every episode is played by ``ScriptedQADelegator``, one round of
+    clones per hop, and ``step_by_step_share`` must be 0.
 
     A delegated episode that ends wrong means the env's limits cut it (a turn or context longer
     than allowed): that is logged as a warning, since the policy would imitate the cut text.
@@ -85,9 +91,19 @@ def scripted_traces(
             f"fail and the traces teach a wrong answer; lower imitation.parts or raise the "
             f"env's max_clones_per_call"
         )
+    env = make_env()
     alone = round(step_by_step_share * episodes)
+    if env.task.answer_type != "integer":
+        if alone:
+            raise ValueError(
+                f"imitation.step_by_step_share is {step_by_step_share}, but {env.task.name} "
+                f"has no scripted solution in one context (its root reads only the context "
+                f"keys); set step_by_step_share to 0"
+            )
+        delegator: ScriptedAgent = _qa_teacher(env.config.protocol)
+    else:
+        delegator = _teacher(env.config.protocol, parts, leaf_steps, sum_steps, chunk_size)
     solved_alone = _play(make_env, ScriptedStepByStep(), range(alone), seed)
-    delegator = _teacher(make_env().config.protocol, parts, leaf_steps, sum_steps, chunk_size)
     delegated = _play(make_env, delegator, range(alone, episodes), seed)
     wrong = [result for result in delegated if not result.correct]
     if wrong:
@@ -115,6 +131,16 @@ def _teacher(
     return ScriptedDelegator(
         parts=parts, leaf_steps=leaf_steps, sum_steps=sum_steps, chunk_size=chunk_size
     )
+
+
+def _qa_teacher(protocol: str) -> ScriptedAgent:
+    """The scripted delegator of multi-hop QA (tool calls only)."""
+    if protocol != "tool-call":
+        raise ValueError(
+            f"imitation on QA has a scripted teacher for the tool-call grammar, not "
+            f"{protocol!r}; set imitation.episodes to 0 or use env protocol 'tool-call'"
+        )
+    return ScriptedQADelegator()
 
 
 def section_traces(

@@ -12,9 +12,9 @@ import pytest
 from selfcest_env.tasks.base import SPLITS, TaskInstance, TaskSource
 from selfcest_env.tasks.qa import HotpotQATask, MuSiQueTask, TwoWikiMultihopQATask
 from selfcest_env.tasks.qa.synthetic import TYPE_HOPS, SyntheticQAConfig, SyntheticQATask
+from selfcest_env.tasks.qa.synthetic.reader import parse_paragraph, solve
 from selfcest_env.tasks.registry import make_source
 from selfcest_env.tokens import OfflineTokenCounter
-from tests.tasks.synthetic_solver import parse_paragraph, solve
 
 COMBOS = [(t, h) for t, hops in TYPE_HOPS.items() for h in hops]
 
