@@ -97,6 +97,9 @@ class AgentInfo:
             each with its :class:`OptionRange` (``None``: the agent checks the value itself).
         defaults: Option defaults that differ from the agent class's own defaults.
         description: One line for ``--help`` texts.
+        sources: The task sources the agent can play (``None``: any); a program that reads
+            one source's prompts (the scripted agents) names it, so that a run on another
+            source fails before it starts.
         name: The registered name (filled in by the registry).
     """
 
@@ -104,6 +107,7 @@ class AgentInfo:
     options: Mapping[str, OptionRange | None] = field(default_factory=dict)
     defaults: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
+    sources: tuple[str, ...] | None = None
     name: str = ""
 
 

@@ -32,6 +32,8 @@ from selfcest_env.agents.base import Agent, AgentInfo, OptionRange
 from selfcest_env.protocol import Action, Return, Spawn
 from selfcest_env.rollout import ContextView
 
+#: The task source whose prompts the scripted agents read.
+ARITHMETIC = ("arithmetic",)
 _PROMPT = re.compile(r"Calculate the value of (.+?)\.?\s*$", re.MULTILINE)
 _LINE = re.compile(r"^(?P<label>[^:]+):\s*(?P<value>-?\d+)\s*$")
 _BINARY = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__}
@@ -130,6 +132,7 @@ class ScriptedMonolithic(ScriptedAgent):
     name: str = "scripted-monolithic"
     info: ClassVar[AgentInfo] = AgentInfo(
         needs_backend=False,
+        sources=ARITHMETIC,
         description="exact arithmetic in one turn, no model (tests, reference)",
     )
 
@@ -191,6 +194,7 @@ class ScriptedDelegator(ScriptedAgent):
     name: str = "scripted-delegate"
     info: ClassVar[AgentInfo] = AgentInfo(
         needs_backend=False,
+        sources=ARITHMETIC,
         options={
             "parts": OptionRange(int, 1),
             "leaf_steps": None,
@@ -257,6 +261,7 @@ class ScriptedThreadWeaver(ScriptedAgent):
     name: str = "scripted-threadweaver"
     info: ClassVar[AgentInfo] = AgentInfo(
         needs_backend=False,
+        sources=ARITHMETIC,
         options={"parts": OptionRange(int, 1), "chunk_size": OptionRange(int, 1)},
         description="exact arithmetic split over ThreadWeaver threads, no model (imitation)",
     )

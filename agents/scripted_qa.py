@@ -56,6 +56,7 @@ class ScriptedQADelegator(ScriptedAgent):
     name: str = "scripted-qa-delegate"
     info: ClassVar[AgentInfo] = AgentInfo(
         needs_backend=False,
+        sources=("synthetic",),
         description="synthetic multi-hop QA, one round of clones per hop, no model (imitation)",
     )
 

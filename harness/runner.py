@@ -236,6 +236,7 @@ class Runner:
             env = self.make_env_factory(request, agent, None)()
             try:
                 env.reset(seed=request.seed, options={"index": request.episodes - 1})
+                source = env.unwrapped.task.name
             finally:
                 env.close()
         except Exception as exc:  # any failure to build or reset is a configuration error
@@ -244,6 +245,12 @@ class Runner:
                 f"{request.env} source={request.source} split={request.split} "
                 f"env args {request.env_args}: {type(exc).__name__}: {one_line(message)}"
             ) from exc
+        playable = agent_info(request.agent).sources
+        if playable is not None and source not in playable:
+            raise SettingsError(
+                f"agent {request.agent} plays the task source {' or '.join(playable)} only, "
+                f"not {source} ({request.env}); pick another agent or source"
+            )
 
     # opening --------------------------------------------------------------------------------
 

@@ -718,3 +718,32 @@ def test_a_link_in_place_of_a_plot_is_replaced_not_written_through(
     assert run_cli("suite", str(config), "--out", str(out), "--no-progress") == 0
     assert victim.read_text() == "precious\n"
     assert not plot.is_symlink() and plot.read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize(
+    ("env", "agent", "source"),
+    [
+        ("SelfCest-MultiHopQA-v0", "scripted-delegate", "synthetic"),
+        ("SelfCest-MultiHopQA-v0", "scripted-monolithic", "synthetic"),
+        ("SelfCest-Math-v0", "scripted-qa-delegate", "arithmetic"),
+    ],
+)
+def test_a_scripted_agent_on_a_source_it_cannot_read_fails_before_anything_plays(
+    tmp_path: Path, env: str, agent: str, source: str
+) -> None:
+    out = tmp_path / "runs"
+    result = cli(
+        "run",
+        "--env",
+        env,
+        "--agents",
+        f"{agent},scripted-qa-delegate",
+        "--episodes",
+        "2",
+        "--out",
+        str(out),
+        "--no-progress",
+    )
+    assert result.returncode != 0
+    one_error_line(result.stderr, "run", f"agent {agent}", f"not {source}")
+    assert not run_folders(out)
