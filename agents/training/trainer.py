@@ -28,7 +28,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -240,15 +240,19 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate(self, phase: str, step: int) -> list[dict[str, Any]]:
+    def evaluate(
+        self, phase: str, step: int, logged: Collection[tuple[str, str]] = ()
+    ) -> list[dict[str, Any]]:
         """Play ``eval.episodes`` episodes of each eval split with the current policy, on the
         training env (variant ``train``) and on each of ``eval.variants``; log and return one
-        row per split and variant."""
+        row per split and variant (but those ``(split, variant)`` already ``logged``)."""
         assert self.policy is not None
         section = self.config.eval
         rows = []
         variants: dict[str, Mapping[str, Any] | None] = {"train": None, **section.variants}
         for split, (variant, args) in itertools.product(section.splits, variants.items()):
+            if (split, variant) in logged:
+                continue
             start = time.perf_counter()
             sampling = SamplingConfig(
                 temperature=section.temperature,
@@ -380,8 +384,9 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ the whole run
 
     def _warm_start(self) -> None:
-        """Evaluate the untrained policy, imitate (if configured), evaluate again, and save the
-        start of GRPO as checkpoint 0."""
+        """Evaluate the untrained policy, imitate (if configured), save the start of GRPO as
+        checkpoint 0 and evaluate it (a run stopped in that evaluation resumes after
+        imitation: :meth:`_evaluate_imitation_if_missing`)."""
         assert self.policy is not None
         config = self.config
         self.evaluate("init", 0)
@@ -400,8 +405,19 @@ class GRPOTrainer:
                 config.progress,
                 config.model.bf16,
             )
-            self.evaluate("imitation", 0)
         self._save_checkpoint(0)
+        self._evaluate_imitation_if_missing()
+
+    def _evaluate_imitation_if_missing(self) -> None:
+        """Evaluate the policy imitation gave on each split and variant the eval log does not
+        hold yet."""
+        if self.config.imitation.episodes > 0:
+            logged = {
+                (row["split"], row["variant"])
+                for row in self.eval_log.rows()
+                if row["phase"] == "imitation"
+            }
+            self.evaluate("imitation", 0, logged)
 
     def _save_checkpoint(self, step: int) -> None:
         assert self.policy is not None and self.optimizer is not None
@@ -419,6 +435,9 @@ class GRPOTrainer:
             assert self.optimizer is not None
             done = load_checkpoint(checkpoints[-1], self.policy, self.optimizer)
             logger.info("resuming %s from step %d", self.out, done)
+            if done == 0:
+                self.eval_log.truncate_after(0)
+                self._evaluate_imitation_if_missing()
         else:
             self.eval_log.truncate_after(-1)
             self.train_log.truncate_after(-1)

@@ -208,6 +208,38 @@ def test_eval_variants_log_accuracy_and_spawn_rate_of_each(tmp_path):
     assert clones and all("=" in c.turns[0].text for c in clones)
 
 
+def test_a_run_stopped_in_the_imitation_evaluation_resumes_after_imitation(tmp_path):
+    """Checkpoint 0 is saved before the policy imitation gave is evaluated: a run stopped
+    in that evaluation does not imitate again, and evaluates only what its log misses."""
+    import shutil
+
+    out = tmp_path / "run"
+    variants = {"same": tiny_config(tmp_path).env.args}
+    config = tiny_config(out, steps=1, **{"eval.variants": variants})
+    GRPOTrainer(config).run()
+    rows = read_csv(out / EVAL_LOG)
+    assert [(r["phase"], r["variant"]) for r in rows[:4]] == [
+        ("init", "train"), ("init", "same"), ("imitation", "train"), ("imitation", "same")
+    ]  # fmt: skip
+    # Cut the run where a kill in the imitation evaluation of variant 'same' leaves it.
+    shutil.rmtree(out / "checkpoints" / "step-000001")
+    shutil.rmtree(out / "final")
+    start = (out / "checkpoints" / "step-000000").glob("*")
+    weights = {p.name: p.read_bytes() for p in start if p.is_file()}
+    with (out / EVAL_LOG).open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows[:3])
+    (out / TRAIN_LOG).write_text((out / TRAIN_LOG).read_text().splitlines()[0] + "\n")
+
+    GRPOTrainer(config).run()
+    again = read_csv(out / EVAL_LOG)
+    assert [(r["phase"], r["variant"]) for r in again] == [(r["phase"], r["variant"]) for r in rows]
+    assert again[:3] == rows[:3]
+    kept = (out / "checkpoints" / "step-000000").glob("*")
+    assert {p.name: p.read_bytes() for p in kept if p.is_file()} == weights
+
+
 def test_a_resumed_step_replays_exactly(tmp_path):
     """A run cut after step 1 and resumed logs the same step 2 as an uncut run."""
     whole = tmp_path / "whole"
