@@ -323,6 +323,7 @@ def test_registry_names_and_errors() -> None:
         "scripted-monolithic",
         "scripted-delegate",
         "scripted-threadweaver",
+        "scripted-qa-delegate",
         "clone-controller-trained",
         "apr",
         "threadweaver",
