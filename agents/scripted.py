@@ -100,13 +100,18 @@ def chunk_terms(terms: Sequence[str], parts: int, size: int | None = None) -> li
     return chunks
 
 
+def first_user_message(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The content of the first user message (``""`` when there is none)."""
+    return next((m["content"] for m in messages if m["role"] == "user"), "")
+
+
 def expression_of(messages: Sequence[Mapping[str, Any]]) -> str:
     """The expression of the first user message's ``Calculate the value of <expression>.``
 
     Raises:
         ValueError: the message has no such prompt.
     """
-    user = next(m["content"] for m in messages if m["role"] == "user")
+    user = first_user_message(messages)
     found = _PROMPT.search(user)
     if found is None:
         raise ValueError(f"no 'Calculate the value of ...' prompt in {user[:80]!r}")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from selfcest_env.agents.base import AgentInfo
-from selfcest_env.agents.scripted import ScriptedAgent
+from selfcest_env.agents.scripted import ScriptedAgent, first_user_message
 from selfcest_env.protocol import Action, Objective, Return, Spawn
 from selfcest_env.tasks.qa.synthetic.reader import QuestionPlan, follow, plan_question, solve
 from selfcest_env.tasks.qa.synthetic.relations import RELATIONS
@@ -36,10 +36,6 @@ _KEY = re.compile(r"^- (?P<key>.+)$", re.MULTILINE)
 _PARAGRAPH = re.compile(r"^\[(?P<title>[^\]\n]+)\]\n(?P<text>[^\n]*)$", re.MULTILINE)
 _ANSWER_LINE = re.compile(r"^turn\d+_clone\d+: (?P<answer>.*)$")
 _KEYS_HEADER = "Context keys"
-
-
-def _first_user(messages: Sequence[Mapping[str, Any]]) -> str:
-    return next((m["content"] for m in messages if m["role"] == "user"), "")
 
 
 def hop_question(relation: str, entity: str) -> str:
@@ -63,7 +59,7 @@ class ScriptedQADelegator(ScriptedAgent):
     def act(self, observation: Mapping[str, Any], info: Mapping[str, Any]) -> Action:
         """Read and answer where paragraphs are in view; else spawn the next hop or answer."""
         messages = info["messages"]
-        user = _first_user(messages)
+        user = first_user_message(messages)
         found = _QUESTION.search(user)
         if found is None:
             return Return("unknown")

@@ -162,9 +162,9 @@ def qa_table(tokenizer: Any, args: argparse.Namespace, backend: Any) -> None:
             )
         )
         root_peak = max(r.meters["root_peak_context_tokens"] for r in delegated)
-        clone_peak = max(r.meters["peak_context_tokens"] for r in delegated)
+        any_peak = max(r.meters["peak_context_tokens"] for r in delegated)
         accuracy = mean(r.correct for r in delegated)
-        line += f" {root_peak:20d} {clone_peak:11d} {accuracy:8.2f}"
+        line += f" {root_peak:20d} {any_peak:11d} {accuracy:8.2f}"
         if backend is not None and fits:
             accuracy = monolithic_accuracy(backend, make_env, args.model_episodes, 64)
             line += f"  monolithic accuracy {accuracy:.2f}"

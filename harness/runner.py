@@ -226,7 +226,8 @@ class Runner:
         agent = self._agent(
             request, _PendingBackend(request.backend.name, request.backend.model_name())
         )
-        if agent_info(request.agent).needs_backend:
+        info = agent_info(request.agent)
+        if info.needs_backend:
             check_backend_args(request.backend)
         try:
             self.spec_for(request, agent)
@@ -245,7 +246,7 @@ class Runner:
                 f"{request.env} source={request.source} split={request.split} "
                 f"env args {request.env_args}: {type(exc).__name__}: {one_line(message)}"
             ) from exc
-        playable = agent_info(request.agent).sources
+        playable = info.sources
         if playable is not None and source not in playable:
             raise SettingsError(
                 f"agent {request.agent} plays the task source {' or '.join(playable)} only, "

@@ -83,7 +83,8 @@ def scripted_traces(
     """
     if not 0.0 <= step_by_step_share <= 1.0:
         raise ValueError(f"step_by_step_share must be in [0, 1], got {step_by_step_share}")
-    most = make_env().limits.max_clones_per_call
+    env = make_env()
+    most = env.limits.max_clones_per_call
     if most is not None and parts > most:
         raise ValueError(
             f"the scripted delegator spawns up to {parts} clones per call (imitation.parts) but "
@@ -91,7 +92,6 @@ def scripted_traces(
             f"fail and the traces teach a wrong answer; lower imitation.parts or raise the "
             f"env's max_clones_per_call"
         )
-    env = make_env()
     alone = round(step_by_step_share * episodes)
     if env.task.answer_type != "integer":
         if alone:

@@ -384,9 +384,9 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ the whole run
 
     def _warm_start(self) -> None:
-        """Evaluate the untrained policy, imitate (if configured), save the start of GRPO as
-        checkpoint 0 and evaluate it (a run stopped in that evaluation resumes after
-        imitation: :meth:`_evaluate_imitation_if_missing`)."""
+        """Evaluate the untrained policy, imitate (if configured) and save the start of GRPO
+        as checkpoint 0 (:meth:`run` then evaluates it, so that a run stopped in that
+        evaluation resumes after imitation)."""
         assert self.policy is not None
         config = self.config
         self.evaluate("init", 0)
@@ -406,7 +406,6 @@ class GRPOTrainer:
                 config.model.bf16,
             )
         self._save_checkpoint(0)
-        self._evaluate_imitation_if_missing()
 
     def _evaluate_imitation_if_missing(self) -> None:
         """Evaluate the policy imitation gave on each split and variant the eval log does not
@@ -435,9 +434,6 @@ class GRPOTrainer:
             assert self.optimizer is not None
             done = load_checkpoint(checkpoints[-1], self.policy, self.optimizer)
             logger.info("resuming %s from step %d", self.out, done)
-            if done == 0:
-                self.eval_log.truncate_after(0)
-                self._evaluate_imitation_if_missing()
         else:
             self.eval_log.truncate_after(-1)
             self.train_log.truncate_after(-1)
@@ -445,6 +441,8 @@ class GRPOTrainer:
             done = 0
         self.train_log.truncate_after(done)
         self.eval_log.truncate_after(done)
+        if done == 0:
+            self._evaluate_imitation_if_missing()
         if config.loss.kl_coef > 0 and config.loss.reference(self.policy.lora) == "start":
             freeze_start_as_reference(self.out, self.policy)
         bar = tqdm(
