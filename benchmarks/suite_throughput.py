@@ -23,9 +23,11 @@ plays to the first and (for the cross-run plays) to the second. It also checks t
 batch-8 plays on the engine wrote the same records (``episodes.jsonl`` but ``wall_time_s``).
 ``--episodes N`` plays N episodes in every run: with fewer than ``parallel`` the per-run
 schedule's batches shrink, which flatters the cross-run one; the suite's own counts are the
-fair measure.
+fair measure. ``--plays 1,4`` plays only the baseline and the last way (the quick suite's own
+settings are ``--batch-size 128``), which halves the time of a full-size measurement.
 
     python benchmarks/suite_throughput.py [--suite quick] [--episodes N] [--batch-size 64]
+        [--plays 1,2,3,4]
 """
 
 from __future__ import annotations
@@ -101,7 +103,17 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=None, help="episodes per run")
     parser.add_argument("--batch-size", type=int, default=64, help="batch of the last play")
     parser.add_argument("--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT)
+    parser.add_argument(
+        "--plays", default="1,2,3,4", help="which of the four ways to play (the first is the "
+        "baseline and always plays)"
+    )  # fmt: skip
     args = parser.parse_args()
+    try:
+        chosen = sorted({int(number) for number in args.plays.split(",")} | {1})
+    except ValueError:
+        parser.error(f"--plays takes numbers from 1 to 4, got {args.plays!r}")
+    if not set(chosen) <= {1, 2, 3, 4}:
+        parser.error(f"--plays takes numbers from 1 to 4, got {args.plays!r}")
     suite = load_suite(args.suite)
     if args.episodes is not None:
         suite = suite.with_episodes(args.episodes)
@@ -118,9 +130,11 @@ def main() -> None:
         ("cross-run", args.batch_size, "auto"),
     ]
     plays: list[Play] = []
+    numbers: list[int] = []
     with tempfile.TemporaryDirectory() as root:
-        for number, way in enumerate(ways):
-            timed = play(suite, Path(root) / str(number), way, args.max_in_flight)
+        for number in chosen:
+            timed = play(suite, Path(root) / str(number), ways[number - 1], args.max_in_flight)
+            numbers.append(number)
             plays.append(timed)
             calls, requested = timed.done.model_calls, timed.done.model_requests
             print(
@@ -128,10 +142,12 @@ def main() -> None:
                 f"{timed.per_minute:6.1f} episodes/min  {calls:5d} backend calls, mean batch "
                 f"{requested / max(calls, 1):5.1f}  {timed.per_minute / plays[0].per_minute:.2f}x"
             )
-        same = records(plays[1].out) == records(plays[2].out)
-    print(f"batch-8 plays on the engine wrote the same records: {'yes' if same else 'NO'}")
-    for number, timed in enumerate(plays[1:], start=1):
-        for base in plays[: min(number, 2)]:
+        if {2, 3} <= set(numbers):
+            same = records(plays[numbers.index(2)].out) == records(plays[numbers.index(3)].out)
+            print(f"batch-8 plays on the engine wrote the same records: {'yes' if same else 'NO'}")
+    for index, timed in enumerate(plays[1:], start=1):
+        bases = [plays[0]] + ([plays[1]] if numbers[1] == 2 and numbers[index] > 2 else [])
+        for base in bases:
             ratio = timed.per_minute / base.per_minute
             print(f"{timed.label} / {base.label}: {ratio:.2f}x episodes per minute")
 

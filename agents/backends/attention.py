@@ -27,12 +27,13 @@ def decode_attention(queries: Any, keys: Any, values: Any, sequences: list[tuple
     ``i`` of ``queries`` ``[n, kv_heads, group, head_dim]``. Returns the same shape."""
     import torch
 
-    outputs = []
+    out = queries.new_empty(queries.shape)
+    key_columns = keys.transpose(2, 3)
     for row, (slot, length) in enumerate(sequences):
-        scores = torch.bmm(queries[row], keys[slot, :, :length].transpose(1, 2))
-        probs = torch.softmax(scores.float(), -1).to(values.dtype)
-        outputs.append(torch.bmm(probs, values[slot, :, :length]))
-    return torch.stack(outputs)
+        scores = torch.bmm(queries[row], key_columns[slot, :, :, :length])
+        probs = torch.softmax(scores, -1, dtype=torch.float32).to(values.dtype)
+        torch.bmm(probs, values[slot, :, :length], out=out[row])
+    return out
 
 
 @dataclass(frozen=True)

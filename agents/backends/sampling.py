@@ -102,8 +102,10 @@ def _inverse_transform(values: Any, uniform: Any) -> tuple[Any, Any]:
     choice = choice.clamp_(max=values.shape[-1] - 1)
     # rounding at the very top of the cumulative sum must not pick a token of probability 0
     chosen_probs = probs.gather(1, choice)
-    choice = torch.where(chosen_probs > 0, choice, probs.argmax(-1, keepdim=True))
-    return choice.squeeze(1), probs.gather(1, choice).log().squeeze(1)
+    if not bool((chosen_probs > 0).all()):
+        choice = torch.where(chosen_probs > 0, choice, probs.argmax(-1, keepdim=True))
+        chosen_probs = probs.gather(1, choice)
+    return choice.squeeze(1), chosen_probs.log().squeeze(1)
 
 
 def _token_logprobs(logits: Any, tokens: Any) -> Any:

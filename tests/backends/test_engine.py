@@ -202,6 +202,28 @@ def test_linear_rows_do_not_depend_on_their_batch() -> None:
     assert ((quantized - exact).abs().max() / exact.abs().max()).item() < 0.02
 
 
+def test_packed_float_layers_give_the_bits_of_the_plain_product() -> None:
+    """On an MKL build, float32 CPU layers keep MKL-packed weights for products of ROW_ALIGN
+    rows; every row count still gives exactly ``F.linear``'s bits (bias or not), and weights
+    that packing does not serve (another dtype) stay unpacked."""
+    import torch
+    import torch.nn.functional as F
+
+    from selfcest_env.agents.backends.decoder import ROW_ALIGN, Linear, mkl_packed
+
+    torch.manual_seed(0)
+    for out_features, in_features in ((96, 64), (200, 576)):
+        weight = torch.randn(out_features, in_features)
+        for bias in (None, torch.randn(out_features)):
+            linear = Linear(weight, bias, False)
+            assert (linear.packed is not None) == torch.backends.mkl.is_available()
+            for rows in (ROW_ALIGN, 2 * ROW_ALIGN, 7 * ROW_ALIGN):
+                x = torch.randn(rows, in_features)
+                assert torch.equal(linear(x), F.linear(x, weight, bias))
+    assert mkl_packed(torch.randn(8, 8, dtype=torch.float64), None) is None
+    assert mkl_packed(torch.randn(8, 8).to(torch.bfloat16), None) is None
+
+
 def test_int8_decoding_is_batch_invariant_and_close_to_float(tiny_model) -> None:
     group = prompts(12, seed=5)
     batched = outputs(make_engine(tiny_model, quantize="int8"), group, cap=8)
