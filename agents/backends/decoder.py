@@ -9,7 +9,7 @@ Batch invariance by construction: the arithmetic of a row depends only on its ow
   transcendental functions round differently from the vector ones).
 * Linear layers are one matrix product over all rows when this machine's BLAS computes a row
   the same whatever the (aligned) number of rows and the row's place among them
-  (:func:`rows_independent` checks it once per model), and over fixed tiles of
+  (:func:`rows_independent` checks each kind of layer once per model), and over fixed tiles of
   :data:`TILE_ROWS` rows otherwise. ``quantize="int8"`` layers quantise each row on its own and
   accumulate in int32, which is exact whatever the blocking.
 * On CPU, float layers also keep their weights packed once for MKL's GEMM (:func:`mkl_packed`):
@@ -256,26 +256,31 @@ class Decoder:
         layer)."""
         return 2 * self.layer_count * self.kv_heads * self.head_dim * self.embed.element_size()
 
-    def _linears(self) -> list[Linear]:
-        return [self.lm_head] + [
-            linear for layer in self.layers
-            for linear in (layer.qkv, layer.out, layer.gate_up, layer.down)
-        ]  # fmt: skip
-
     def _tile_if_rows_depend_on_batch(self) -> None:
+        """Probe each kind of linear layer (query/key/value, output, gate/up, down, LM head) on
+        the first layer; the kinds whose rows depend on the batch (BLAS kernels choose their
+        blocking by shape and thread count: here the down projection with two threads) run in
+        fixed tiles, the others stay one product."""
         import torch
 
+        kinds = {
+            "qkv": [layer.qkv for layer in self.layers],
+            "out": [layer.out for layer in self.layers],
+            "gate_up": [layer.gate_up for layer in self.layers],
+            "down": [layer.down for layer in self.layers],
+            "lm_head": [self.lm_head],
+        }
         with torch.no_grad():
-            first = self.layers[0]
-            probes = (first.qkv, first.out, first.gate_up, first.down, self.lm_head)
-            independent = all(rows_independent(linear) for linear in probes)
-        if not independent:
-            logger.warning(
-                "this BLAS computes a row differently depending on the batch: linear layers "
-                "run in fixed tiles of %d rows (slower) to stay batch-invariant",
+            tiled = [name for name, linears in kinds.items() if not rows_independent(linears[0])]
+        if tiled:
+            logger.info(
+                "this BLAS computes a row of %s differently depending on the batch: those "
+                "layers run in fixed tiles of %d rows to stay batch-invariant",
+                ", ".join(tiled),
                 TILE_ROWS,
             )
-            for linear in self._linears():
+        for name in tiled:
+            for linear in kinds[name]:
                 linear.tile = TILE_ROWS
 
     def forward(self, step: Step, keys: Any, values: Any) -> Any:

@@ -343,3 +343,41 @@ def test_decode_rows_give_the_same_bits_alone_and_beside_other_rows() -> None:
         scores = torch.einsum("kgd,kpd->kgp", queries[row], keys[slot, :, :length])
         reference = torch.einsum("kgp,kpd->kgd", scores.softmax(-1), values[slot, :, :length])
         assert torch.allclose(together[row], reference, atol=1e-5)
+
+
+def test_only_the_layer_kinds_whose_rows_depend_on_the_batch_are_tiled() -> None:
+    """At SmolLM2's shapes with two threads (where MKL on the development machine gives a row of
+    the down projection, 576 x 1536, other bits at 64 rows than at 16), the decoder tiles
+    exactly the kinds of layer that fail the row probe, all layers of that kind, keeps the
+    others one product, and a request decodes to the same tokens alone as in a batch of 64."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from selfcest_env.agents.backends.decoder import TILE_ROWS, Decoder, rows_independent
+
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=576, intermediate_size=1536, num_hidden_layers=2,
+        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model = LlamaForCausalLM(config).eval()
+        decoder = Decoder(model)
+        for kind in ("qkv", "out", "gate_up", "down"):
+            linears = [getattr(layer, kind) for layer in decoder.layers]
+            tiled = {linear.tile for linear in linears}
+            assert len(tiled) == 1
+            linears[0].tile = None
+            independent = rows_independent(linears[0])
+            linears[0].tile = tiled.pop()
+            assert linears[0].tile == (None if independent else TILE_ROWS), kind
+        group = prompts(64, seed=7)
+        batched = outputs(make_engine(model, slots=64), group, cap=4)
+        alone = [outputs(make_engine(model, slots=1), [p], cap=4)[0] for p in group[:6]]
+        assert batched[:6] == alone
+    finally:
+        torch.set_num_threads(threads)
