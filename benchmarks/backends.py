@@ -17,8 +17,8 @@ fixed seeds) go through, in one process and on the same loaded default model:
 Each backend first answers a batch of as many other requests with the same system prompt (a
 warm-up: the project's backend then holds the shared prefix in its prefix cache and its KV cache
 at the size this batch needs, as it does after the first call of a run, so the measurement is
-its steady state; ``generate`` keeps nothing between calls, and its warm-up runs the same
-batch for 4 tokens). Without it the first call of the project's backend also pays for
+its steady state; ``generate`` keeps nothing between calls, and its warm-up runs that batch
+of other prompts for 4 tokens). Without it the first call of the project's backend also pays for
 allocating its KV cache, about a tenth of the call at batch 64 on a 2-core machine.
 Tokens per second count the tokens each request actually generated (up to its end of sequence),
 and the ratio to ``generate`` is printed as ``2.63x``. Run it from ``.venv-vllm-cpu``

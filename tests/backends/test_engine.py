@@ -203,9 +203,10 @@ def test_linear_rows_do_not_depend_on_their_batch() -> None:
 
 
 def test_packed_float_layers_give_the_bits_of_the_plain_product() -> None:
-    """On an MKL build, float32 CPU layers keep MKL-packed weights for products of ROW_ALIGN
-    rows; every row count still gives exactly ``F.linear``'s bits (bias or not), and weights
-    that packing does not serve (another dtype) stay unpacked."""
+    """Float32 CPU layers may keep MKL-packed weights for products of ROW_ALIGN rows (where the
+    probe allows); every row count still gives exactly ``F.linear``'s bits (bias or not), also
+    after the thread count changes, and weights that packing does not serve (another dtype, no
+    MKL) stay unpacked."""
     import torch
     import torch.nn.functional as F
 
@@ -216,10 +217,15 @@ def test_packed_float_layers_give_the_bits_of_the_plain_product() -> None:
         weight = torch.randn(out_features, in_features)
         for bias in (None, torch.randn(out_features)):
             linear = Linear(weight, bias, False)
-            assert (linear.packed is not None) == torch.backends.mkl.is_available()
-            for rows in (ROW_ALIGN, 2 * ROW_ALIGN, 7 * ROW_ALIGN):
-                x = torch.randn(rows, in_features)
-                assert torch.equal(linear(x), F.linear(x, weight, bias))
+            if not torch.backends.mkl.is_available():
+                assert linear.packed is None
+            threads = torch.get_num_threads()
+            for count in sorted({threads, 1, 2}):
+                torch.set_num_threads(count)
+                for rows in (ROW_ALIGN, 2 * ROW_ALIGN, 7 * ROW_ALIGN):
+                    x = torch.randn(rows, in_features)
+                    assert torch.equal(linear(x), F.linear(x, weight, bias))
+            torch.set_num_threads(threads)
     assert mkl_packed(torch.randn(8, 8, dtype=torch.float64), None) is None
     assert mkl_packed(torch.randn(8, 8).to(torch.bfloat16), None) is None
 
