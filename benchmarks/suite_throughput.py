@@ -25,9 +25,11 @@ batch-8 plays on the engine wrote the same records (``episodes.jsonl`` but ``wal
 schedule's batches shrink, which flatters the cross-run one; the suite's own counts are the
 fair measure. ``--plays 1,4`` plays only the baseline and the last way (the quick suite's own
 settings are ``--batch-size 128``), which halves the time of a full-size measurement.
+``--per-run-parallel 8`` keeps at most 8 episodes in flight per run in the per-run plays, as
+suites played before the cross-run schedule (by default they keep the suite's ``parallel``).
 
     python benchmarks/suite_throughput.py [--suite quick] [--episodes N] [--batch-size 64]
-        [--plays 1,2,3,4]
+        [--plays 1,2,3,4] [--per-run-parallel 8]
 """
 
 from __future__ import annotations
@@ -65,12 +67,19 @@ class Play:
         return 60 * self.episodes / self.wall_s
 
 
-def play(suite: SuiteConfig, out: Path, way: tuple[str, int, str], max_in_flight: int) -> Play:
-    """Play ``suite`` into ``out`` the ``(schedule, batch size, decoder)`` way and time it."""
+def play(
+    suite: SuiteConfig,
+    out: Path,
+    way: tuple[str, int, str],
+    max_in_flight: int,
+    parallel: int | None = None,
+) -> Play:
+    """Play ``suite`` into ``out`` the ``(schedule, batch size, decoder)`` way and time it
+    (``parallel``: episodes in flight per run, ``None`` for the suite's own)."""
     schedule, batch_size, decoder = way
     arguments = {**suite.backend_args, "batch_size": batch_size, "decoder": decoder}
     configured = replace(suite, backend="transformers", backend_args=arguments)
-    requests = requests_from_suite(configured)
+    requests = requests_from_suite(configured, parallel=parallel)
     started = time.perf_counter()
     done = execute(
         requests,
@@ -82,6 +91,7 @@ def play(suite: SuiteConfig, out: Path, way: tuple[str, int, str], max_in_flight
         max_in_flight=max_in_flight,
     )
     label = f"{schedule}, batch {batch_size}" + (", forward" if decoder == "forward" else "")
+    label += f", {parallel} in flight" if parallel else ""
     return Play(label, time.perf_counter() - started, done, out)
 
 
@@ -103,6 +113,10 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=None, help="episodes per run")
     parser.add_argument("--batch-size", type=int, default=64, help="batch of the last play")
     parser.add_argument("--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT)
+    parser.add_argument(
+        "--per-run-parallel", type=int, default=None, help="episodes in flight per run in the "
+        "per-run plays (default: the suite's own; 8 is the schedule before the cross-run one)"
+    )  # fmt: skip
     parser.add_argument(
         "--plays", default="1,2,3,4", help="which of the four ways to play (the first is the "
         "baseline and always plays)"
@@ -133,7 +147,9 @@ def main() -> None:
     numbers: list[int] = []
     with tempfile.TemporaryDirectory() as root:
         for number in chosen:
-            timed = play(suite, Path(root) / str(number), ways[number - 1], args.max_in_flight)
+            way = ways[number - 1]
+            parallel = args.per_run_parallel if way[0] == "per-run" else None
+            timed = play(suite, Path(root) / str(number), way, args.max_in_flight, parallel)
             numbers.append(number)
             plays.append(timed)
             calls, requested = timed.done.model_calls, timed.done.model_requests
