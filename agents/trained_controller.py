@@ -9,7 +9,9 @@ default model, the adapter is read from the package.
 The agent is a :class:`~selfcest_env.agents.clone_controller.CloneControllerAgent` whose turns
 come from the base model with the adapter merged in. It is built from the default model's
 transformers backend (the one the CLI shares between agents) and loads its own merged copy of
-the model the first time it acts, so describing a run (its spec) loads nothing.
+the model the first time it acts, so describing a run (its spec) loads nothing. The copy is kept
+with that backend (``TransformersBackend.derived``): the runs of a suite that use the same
+adapter share it.
 """
 
 from __future__ import annotations
@@ -116,11 +118,16 @@ class TrainedCloneControllerAgent(CloneControllerAgent):
         base = self.backend
         if not isinstance(base, TransformersBackend):
             raise TypeError(f"{self.name} needs a TransformersBackend, got {type(base).__name__}")
-        model, tokenizer = load_adapted_model(self.adapter, device=str(base.device))
-        self.backend = TransformersBackend(
-            hf_model=model, hf_tokenizer=tokenizer, batch_size=base.config.batch_size
-        )
-        self.backend.model_name = f"{self._base_model_name}+{self.adapter.name}"
+
+        def build() -> TransformersBackend:
+            model, tokenizer = load_adapted_model(self.adapter, device=str(base.device))
+            adapted = TransformersBackend(
+                hf_model=model, hf_tokenizer=tokenizer, batch_size=base.config.batch_size
+            )
+            adapted.model_name = f"{self._base_model_name}+{self.adapter.name}"
+            return adapted
+
+        self.backend = base.derived(f"lora-adapter:{self.adapter.resolve()}", build)
         self._loaded = True
 
     def act_batch(self, views: Sequence[ContextView]) -> list[Action]:

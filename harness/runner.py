@@ -48,6 +48,7 @@ from selfcest_env.harness.store import RunData, RunFolder, is_run_dir, load_run,
 from selfcest_env.registration import make_env
 from selfcest_env.rollout import Driver, Rollout, episode_specs
 from selfcest_env.text import printable
+from selfcest_env.tokens import as_token_counter
 
 logger = logging.getLogger(__name__)
 
@@ -213,9 +214,11 @@ class Runner:
         }
 
     def make_env_factory(self, request: RunRequest, agent: Any, tokenizer: Any) -> Callable:
-        """A zero-argument env factory for the driver."""
+        """A zero-argument env factory for the driver; its envs share one token counter (a
+        Hugging Face counter reads the vocabulary once, about 20 ms, not once per episode)."""
         kwargs = self.env_kwargs(request, agent)
-        return lambda: make_env(request.env, tokenizer=tokenizer, **kwargs)
+        counter = as_token_counter(tokenizer)
+        return lambda: make_env(request.env, tokenizer=counter, **kwargs)
 
     def check(self, request: RunRequest) -> None:
         """Fail early (:class:`SettingsError`) on a bad env argument, too few task instances or bad

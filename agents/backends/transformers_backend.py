@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -139,6 +140,8 @@ class TransformersBackend(Backend):
         self.device = next(hf_model.parameters()).device
         self._eos_ids = self._collect_eos_ids()
         self._rng = random.Random()
+        self._derived: dict[str, TransformersBackend] = {}
+        self._derived_lock = threading.Lock()
         raw = logprobs_mode == "raw"
         self.engine: Engine | ForwardLoop | None
         layers = None if decoder == "forward" else self._decoder(quantize, decoder == "engine")
@@ -261,9 +264,24 @@ class TransformersBackend(Backend):
         tail = self.decode(job.tokens[-(max(len(s) for s in stop) + 8) :])
         return any(s in tail for s in stop)
 
+    def derived(self, key: str, build: Callable[[], TransformersBackend]) -> TransformersBackend:
+        """The backend ``build()`` makes for ``key``, built the first time ``key`` is asked for
+        on this backend and kept with it: agents of several runs that derive the same model
+        from this one (the trained clone controller's adapted copy) share one copy, loaded
+        once. Closed with this backend."""
+        with self._derived_lock:
+            if key not in self._derived:
+                self._derived[key] = build()
+            return self._derived[key]
+
     def close(self) -> None:
-        """Drop the model, the engine and its caches (frees memory once nothing else holds
-        the model). Idempotent; ``generate`` raises afterwards."""
+        """Drop the model, the engine and its caches, and close the backends derived from
+        this one (frees memory once nothing else holds the models). Idempotent; ``generate``
+        raises afterwards."""
+        with self._derived_lock:
+            derived, self._derived = list(self._derived.values()), {}
+        for backend in derived:
+            backend.close()
         self.model = None
         self.engine = None
         self.prefix_cache.clear()

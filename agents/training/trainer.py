@@ -62,6 +62,7 @@ from selfcest_env.budget import METER_NAMES
 from selfcest_env.episodes import ANSWERED, EpisodeResult, compute_stats
 from selfcest_env.prompts import PromptConfig
 from selfcest_env.rollout import EpisodeSpec, run_episodes
+from selfcest_env.tokens import as_token_counter
 
 logger = logging.getLogger(__name__)
 
@@ -196,8 +197,10 @@ class GRPOTrainer:
             **overrides,
         }
 
+        counter = as_token_counter(tokenizer)  # shared: built once, not once per episode
+
         def make_env() -> Any:
-            return gym.make(env.id, tokenizer=tokenizer, **kwargs).unwrapped
+            return gym.make(env.id, tokenizer=counter, **kwargs).unwrapped
 
         return make_env
 

@@ -52,8 +52,14 @@ def test_trained_controller_answers_shorter_than_the_untrained_one():
     backend = TransformersBackend(num_threads=1)
     weights = {k: v.clone() for k, v in backend.model.state_dict().items()}
     generated = {}
-    for name in ("clone-controller", "clone-controller-trained"):
-        agent = make_agent(name, backend, max_new_tokens=64)
+    agents = {}
+    for name, cap, episodes in (
+        ("clone-controller", 64, 8),
+        ("clone-controller-trained", 64, 8),
+        ("clone-controller-trained", 32, 2),
+    ):
+        agent = make_agent(name, backend, max_new_tokens=cap)
+        agents[name, cap] = agent
         results = list(
             run_episodes(
                 lambda agent=agent: (
@@ -65,12 +71,18 @@ def test_trained_controller_answers_shorter_than_the_untrained_one():
                     ).unwrapped
                 ),
                 agent,
-                episode_specs(range(8)),
+                episode_specs(range(episodes)),
                 progress=False,
             )
         )
-        generated[name] = sum(r.meters["gen_tokens"] for r in results) / len(results)
+        generated[name, cap] = sum(r.meters["gen_tokens"] for r in results) / len(results)
     # Trained: one short line per answer (about 11 tokens); untrained: about 35.
-    assert generated["clone-controller-trained"] < generated["clone-controller"] / 2
+    assert generated["clone-controller-trained", 64] < generated["clone-controller", 64] / 2
     # The shared backend's own weights were left alone (the adapter went into a copy).
     assert all(v.equal(weights[k]) for k, v in backend.model.state_dict().items())
+    # Two agents with the same adapter on one backend share one adapted copy, closed with it.
+    adapted = agents["clone-controller-trained", 64].backend
+    assert adapted is not backend and adapted.model is not backend.model
+    assert agents["clone-controller-trained", 32].backend is adapted
+    backend.close()
+    assert adapted.model is None and adapted.engine is None

@@ -517,3 +517,29 @@ def test_warnings_and_suite_lines_are_escaped(tmp_path: Path) -> None:
     safe_terminal_text(proc.stdout, "suite")
     safe_terminal_text(proc.stderr, "suite")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_envs_of_a_run_share_one_token_counter() -> None:
+    """The run's env factory wraps the backend's tokenizer once (a Hugging Face counter reads
+    the whole vocabulary, about 20 ms), not once per episode."""
+    from transformers import AutoTokenizer
+
+    from selfcest_env.agents.backends.default_model import default_model_dir
+    from selfcest_env.agents.registry import make_agent
+    from selfcest_env.tokens import HFTokenCounter
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    request = RunRequest(
+        env=MATH_ENV_ID,
+        source="arithmetic",
+        split="test",
+        agent="scripted-monolithic",
+        budget={},
+        episodes=2,
+        env_args={"preset": "easy"},
+    )
+    agent = make_agent("scripted-monolithic", None)
+    make_env = Runner("unused").make_env_factory(request, agent, tokenizer)
+    first, second = make_env(), make_env()
+    assert isinstance(first.counter, HFTokenCounter) and first.counter is second.counter
+    assert first.counter.tokenizer is tokenizer

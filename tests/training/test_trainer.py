@@ -401,3 +401,18 @@ def test_lora_kl_reference_is_the_start_of_grpo_or_the_base(tmp_path, reference,
 def test_kl_reference_base_needs_lora(tmp_path):
     with pytest.raises(ConfigError, match="kl_reference: base needs model.finetune: lora"):
         tiny_config(tmp_path, **{"loss.kl_reference": "base"})
+
+
+def test_the_envs_of_one_factory_share_one_token_counter(tmp_path):
+    """A Hugging Face counter reads the whole vocabulary once (its longest token bounds every
+    cut); the trainer's factory builds it once, not once per episode."""
+    from transformers import AutoTokenizer
+
+    from selfcest_env.agents.backends.default_model import default_model_dir
+    from selfcest_env.tokens import HFTokenCounter
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    make_env = GRPOTrainer(tiny_config(tmp_path / "run")).make_env_factory("train", tokenizer)
+    first, second = make_env(), make_env()
+    assert isinstance(first.counter, HFTokenCounter) and first.counter is second.counter
+    assert first.counter.tokenizer is tokenizer
