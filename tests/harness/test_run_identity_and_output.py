@@ -234,10 +234,9 @@ def test_run_folders_made_before_keep_their_identity() -> None:
     assert skipped == [] and len(rows) == len(folders) > 0
 
 
-def test_a_named_variant_is_part_of_the_spec_and_a_derived_one_is_not() -> None:
-    from dataclasses import replace
-
-    request = RunRequest(
+def scripted_easy_request() -> RunRequest:
+    """One episode of the scripted monolithic agent on the easy math preset."""
+    return RunRequest(
         env=MATH_ENV_ID,
         source="arithmetic",
         split="test",
@@ -246,6 +245,12 @@ def test_a_named_variant_is_part_of_the_spec_and_a_derived_one_is_not() -> None:
         episodes=1,
         env_args={"preset": "easy"},
     )
+
+
+def test_a_named_variant_is_part_of_the_spec_and_a_derived_one_is_not() -> None:
+    from dataclasses import replace
+
+    request = scripted_easy_request()
     derived = Runner("unused").spec_for(request)
     named = Runner("unused").spec_for(replace(request, variant="warm-up"))
     assert "variant" not in derived.extra and derived.variant == "easy"
@@ -529,15 +534,7 @@ def test_the_envs_of_a_run_share_one_token_counter() -> None:
     from selfcest_env.tokens import HFTokenCounter
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
-    request = RunRequest(
-        env=MATH_ENV_ID,
-        source="arithmetic",
-        split="test",
-        agent="scripted-monolithic",
-        budget={},
-        episodes=2,
-        env_args={"preset": "easy"},
-    )
+    request = scripted_easy_request()
     agent = make_agent("scripted-monolithic", None)
     make_env = Runner("unused").make_env_factory(request, agent, tokenizer)
     first, second = make_env(), make_env()
