@@ -20,6 +20,7 @@ from selfcest_env.agents.backends import make_backend
 from selfcest_env.agents.base import Agent
 from selfcest_env.agents.registry import make_agent
 from selfcest_env.rollout import episode_specs, run_episodes
+from selfcest_env.tokens import as_token_counter
 
 METERS = ("gen_tokens", "prompt_tokens", "critical_path_tokens", "peak_context_tokens", "clones")
 #: The agents compared, by registry name, each with its registered defaults (greedy monolithic
@@ -38,6 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     backend = make_backend("transformers", batch_size=8)
+    counter = as_token_counter(backend.tokenizer)  # one counter for every env
     source_kwargs = {"preset": args.preset}
     print(f"{'agent':18} {'acc':>5} " + " ".join(f"{m:>21}" for m in METERS))
     for name in AGENTS:
@@ -45,7 +47,7 @@ def main() -> None:
 
         def make_env(agent: Agent = agent):
             kwargs = {**source_kwargs, **agent.env_overrides(), "split": args.split}
-            return gym.make(args.env, tokenizer=backend.tokenizer, **kwargs).unwrapped
+            return gym.make(args.env, tokenizer=counter, **kwargs).unwrapped
 
         results = list(run_episodes(make_env, agent, episode_specs(range(args.episodes))))
         accuracy = sum(r.correct for r in results) / len(results)

@@ -72,6 +72,7 @@ from selfcest_env.env import ABORT_REASONS
 from selfcest_env.episodes import EpisodeResult
 from selfcest_env.prompts import spawn_clone_schema
 from selfcest_env.rollout import EpisodeSpec, run_episodes
+from selfcest_env.tokens import as_token_counter
 from selfcest_env.trace import ContextTrace, EpisodeTrace, as_episode_trace
 
 #: The per-row fields :meth:`TRLRollouts.__call__` returns besides TRL's required ones.
@@ -147,6 +148,8 @@ class TRLRollouts:
         agent_factory: AgentFactory | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        #: One token counter for every env (a Hugging Face counter reads the vocabulary once)
+        self.counter = as_token_counter(tokenizer)
         self.config = config or TRLRolloutConfig()
         self.on_episodes = on_episodes
         self.agent_factory = agent_factory or _clone_controller
@@ -156,12 +159,12 @@ class TRLRollouts:
 
     def make_env(self) -> Any:
         """One environment of the configured id, split and arguments, counting with the
-        tokenizer (the unwrapped env: the driver uses its batch view)."""
+        tokenizer's shared counter (the unwrapped env: the driver uses its batch view)."""
         import gymnasium as gym
 
         return gym.make(
             self.config.env_id,
-            tokenizer=self.tokenizer,
+            tokenizer=self.counter,
             split=self.config.split,
             max_depth=self.config.max_depth,
             **self.config.env_args,

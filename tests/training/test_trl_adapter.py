@@ -48,6 +48,8 @@ def test_dataset_rows_are_tasks_and_unknown_prompts_are_refused(tokenizer):
     dataset = rollouts.dataset()
     assert dataset["task_index"] == list(range(5))
     env = rollouts.make_env()
+    assert env.counter is rollouts.make_env().counter  # one counter, not one per episode
+    assert env.counter.tokenizer is tokenizer
     for index, prompt in enumerate(dataset["prompt"]):
         _, info = env.reset(options={"index": index})
         assert prompt == info["messages"][-1]["content"]
