@@ -303,16 +303,19 @@ class GRPOTrainer:
         backend = self.policy.backend(self.config.rollout.batch_size)
         agent = CloneControllerAgent(backend, sampling, max_depth=self.config.env.max_depth)
         make_env = self.make_env_factory(split, self.policy.tokenizer, args)
-        return list(
-            run_episodes(
-                make_env,
-                agent,
-                specs,
-                parallel=self.config.rollout.parallel,
-                keep_traces=True,
-                progress=False,
+        try:
+            return list(
+                run_episodes(
+                    make_env,
+                    agent,
+                    specs,
+                    parallel=self.config.rollout.parallel,
+                    keep_traces=True,
+                    progress=False,
+                )
             )
-        )
+        finally:  # its engine and KV cache are not left for the garbage collector
+            backend.close()
 
     # ------------------------------------------------------------------ one GRPO step
 
