@@ -38,6 +38,9 @@ AGENTS: dict[str, str] = {
     "clone-controller-trained": (
         "selfcest_env.agents.trained_controller:TrainedCloneControllerAgent"
     ),
+    "clone-controller-delegate": (
+        "selfcest_env.agents.trained_controller:TrainedDelegateControllerAgent"
+    ),
     "apr": "selfcest_env.agents.parallel_grammars:AprAgent",
     "threadweaver": "selfcest_env.agents.parallel_grammars:ThreadWeaverAgent",
     "parallel-r1": "selfcest_env.agents.parallel_grammars:ParallelR1Agent",

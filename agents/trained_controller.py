@@ -1,10 +1,13 @@
-"""The trained clone controller: SmolLM2-135M-Instruct with the bundled GRPO-trained LoRA adapter.
+"""The trained clone controllers: SmolLM2-135M-Instruct with a bundled trained LoRA adapter.
 
-The adapter (``agents/trained/clone-controller-smollm2/``, package data) was made by this
-project's own training run, ``selfcest train --recipe smollm2``; the folder holds the adapter
-weights, ``train_config.json`` (the exact config), ``eval_log.csv`` and ``train_log.csv`` of
-that run and a README with the command. It loads offline: the base model is the bundled
-default model, the adapter is read from the package.
+Two adapters ship as package data under ``agents/trained/``, each made by this project's own
+training run: ``clone-controller-smollm2/`` (``selfcest train --recipe smollm2``, the agent
+``clone-controller-trained``) and ``clone-controller-smollm2-delegate/`` (the imitation warm
+start of ``selfcest train --recipe smollm2-delegate``, the agent ``clone-controller-delegate``,
+which splits long digit sums between clones). Each folder holds the adapter weights,
+``train_config.json`` (the exact config), ``eval_log.csv`` and ``train_log.csv`` of its run and
+a README with the command. They load offline: the base model is the bundled default model,
+the adapter is read from the package.
 
 The agent is a :class:`~selfcest_env.agents.clone_controller.CloneControllerAgent` whose turns
 come from the base model with the adapter merged in. It is built from the default model's
@@ -19,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from selfcest_env.agents.backends.base import Backend
 from selfcest_env.agents.backends.default_model import DEFAULT_MODEL_NAME, load_default_model
@@ -28,17 +31,19 @@ from selfcest_env.agents.clone_controller import CloneControllerAgent
 from selfcest_env.protocol import Action
 from selfcest_env.rollout import ContextView
 
-#: Folder name of the bundled adapter inside ``selfcest_env.agents/trained``.
+#: Folder name (in ``selfcest_env.agents/trained``) of ``clone-controller-trained``'s adapter.
 BUNDLED_ADAPTER = "clone-controller-smollm2"
+#: Folder name of ``clone-controller-delegate``'s adapter.
+BUNDLED_DELEGATE_ADAPTER = "clone-controller-smollm2-delegate"
 
 
-def bundled_adapter_dir() -> Path:
-    """The folder of the bundled LoRA adapter (package data).
+def bundled_adapter_dir(name: str = BUNDLED_ADAPTER) -> Path:
+    """The folder of the bundled LoRA adapter called ``name`` (package data).
 
     Raises:
         FileNotFoundError: the package was installed without its data files.
     """
-    folder = Path(str(resources.files("selfcest_env.agents") / "trained" / BUNDLED_ADAPTER))
+    folder = Path(str(resources.files("selfcest_env.agents") / "trained" / name))
     if not (folder / "adapter_config.json").is_file():
         raise FileNotFoundError(
             f"the bundled adapter is missing from {folder}: reinstall selfcest with its package "
@@ -62,7 +67,7 @@ def load_adapted_model(adapter: Path, device: str | None = "auto") -> tuple[Any,
 
 
 class TrainedCloneControllerAgent(CloneControllerAgent):
-    """The clone controller with a trained LoRA adapter (default: the bundled one).
+    """The clone controller with a trained LoRA adapter (default: the bundled ``smollm2`` one).
 
     Args:
         backend: The default model's transformers backend (its device, batch size and thread
@@ -70,10 +75,11 @@ class TrainedCloneControllerAgent(CloneControllerAgent):
         sampling: How turns are sampled.
         max_depth: How deep clones may nest.
         adapter: A LoRA adapter folder (``final/`` of a ``selfcest train`` run on the default
-            model); ``None`` for the bundled one.
+            model); ``None`` for the class's bundled one.
     """
 
     name = "clone-controller-trained"
+    bundled_adapter: ClassVar[str] = BUNDLED_ADAPTER
     info = AgentInfo(
         needs_backend=True,
         options={**CloneControllerAgent.info.options, "adapter": None},
@@ -96,7 +102,9 @@ class TrainedCloneControllerAgent(CloneControllerAgent):
                 f"{backend.model_name})"
             )
         super().__init__(backend, sampling, max_depth)
-        self.adapter = Path(adapter) if adapter is not None else bundled_adapter_dir()
+        self.adapter = (
+            Path(adapter) if adapter is not None else bundled_adapter_dir(self.bundled_adapter)
+        )
         if not (self.adapter / "adapter_config.json").is_file():
             raise ValueError(
                 f"{self.adapter} is not a LoRA adapter folder (it has no adapter_config.json)"
@@ -135,3 +143,23 @@ class TrainedCloneControllerAgent(CloneControllerAgent):
         if not self._loaded:
             self._load()
         return super().act_batch(views)
+
+
+class TrainedDelegateControllerAgent(TrainedCloneControllerAgent):
+    """The clone controller taught to delegate long digit sums (``smollm2-delegate``).
+
+    Its adapter is that recipe's imitation warm start (sums of 2-4 and 14-16 single digits,
+    half solved step by step alone, half handed to clones six terms each): on long sums it
+    spawns clones and adds their answers up. Play it as it was trained, at a 96-token turn cap
+    with ``max_clones_per_call=4``; the adapter's README has its evaluation.
+    """
+
+    name = "clone-controller-delegate"
+    bundled_adapter: ClassVar[str] = BUNDLED_DELEGATE_ADAPTER
+    info = AgentInfo(
+        needs_backend=True,
+        options=TrainedCloneControllerAgent.info.options,
+        defaults=TrainedCloneControllerAgent.info.defaults,
+        description="the clone controller with the bundled LoRA adapter trained to delegate "
+        "long digit sums (default model)",
+    )

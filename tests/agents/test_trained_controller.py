@@ -8,7 +8,7 @@ import gymnasium as gym
 import pytest
 
 from selfcest_env.agents.registry import agent_names, make_agent
-from selfcest_env.agents.trained_controller import bundled_adapter_dir
+from selfcest_env.agents.trained_controller import BUNDLED_DELEGATE_ADAPTER, bundled_adapter_dir
 from selfcest_env.rollout import episode_specs, run_episodes
 
 
@@ -34,6 +34,19 @@ def test_bundled_adapter_ships_with_its_provenance():
     assert "selfcest train --recipe smollm2" in (folder / "README.md").read_text()
 
 
+def test_bundled_delegating_adapter_ships_with_its_provenance():
+    folder = bundled_adapter_dir(BUNDLED_DELEGATE_ADAPTER)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 16
+    assert config["base_model_name_or_path"] == "SmolLM2-135M-Instruct"
+    made_by = json.loads((folder / "train_config.json").read_text())
+    assert made_by["model"]["finetune"] == "lora" and made_by["model"]["name"] is None
+    assert made_by["env"]["args"]["max_clones_per_call"] == 4
+    for name in ("adapter_model.safetensors", "train_log.csv", "eval_log.csv", "README.md"):
+        assert (folder / name).is_file()
+    assert "selfcest train --recipe smollm2-delegate" in (folder / "README.md").read_text()
+
+
 def test_registry_builds_it_without_loading_a_model(tmp_path):
     assert "clone-controller-trained" in agent_names()
     agent = make_agent("clone-controller-trained", NamedBackend(), max_new_tokens=16)
@@ -43,6 +56,11 @@ def test_registry_builds_it_without_loading_a_model(tmp_path):
         make_agent("clone-controller-trained", NamedBackend("openai", "gpt"))
     with pytest.raises(ValueError, match="not a LoRA adapter folder"):
         make_agent("clone-controller-trained", NamedBackend(), adapter=str(tmp_path))
+    delegate = make_agent("clone-controller-delegate", NamedBackend())
+    assert delegate.adapter == bundled_adapter_dir(BUNDLED_DELEGATE_ADAPTER)
+    assert delegate.config_dict()["model"] == (
+        "SmolLM2-135M-Instruct+clone-controller-smollm2-delegate"
+    )
 
 
 @pytest.mark.slow
@@ -86,3 +104,38 @@ def test_trained_controller_answers_shorter_than_the_untrained_one():
     assert agents["clone-controller-trained", 32].backend is adapted
     backend.close()
     assert adapted.model is None and adapted.engine is None
+
+
+@pytest.mark.slow
+def test_delegating_controller_hands_long_sums_to_clones():
+    """On sums of 16 digits at the 96-token cap it was trained at, the delegating controller
+    spawns clones where the prompted one never does, and its clones' answers add up right."""
+    from selfcest_env.agents.backends.transformers_backend import TransformersBackend
+
+    backend = TransformersBackend(num_threads=1, batch_size=8)
+    results = {}
+    for name in ("clone-controller", "clone-controller-delegate"):
+        agent = make_agent(name, backend, max_new_tokens=96)
+        results[name] = list(
+            run_episodes(
+                lambda agent=agent: (
+                    gym.make(
+                        "SelfCest-Math-v0",
+                        preset="long-sum",
+                        max_clones_per_call=4,
+                        tokenizer=backend.tokenizer,
+                        **agent.env_overrides(),
+                    ).unwrapped
+                ),
+                agent,
+                episode_specs(range(8)),
+                parallel=8,
+                progress=False,
+            )
+        )
+    backend.close()
+    spawned = {name: sum(r.meters["clones"] > 0 for r in rs) for name, rs in results.items()}
+    correct = {name: sum(r.score == 1 for r in rs) for name, rs in results.items()}
+    assert spawned["clone-controller"] == 0 and correct["clone-controller"] == 0
+    # Measured here: 4 of 8 spawned, 4 of 8 right (margin left for other machines' floats).
+    assert spawned["clone-controller-delegate"] >= 2 and correct["clone-controller-delegate"] >= 1

@@ -281,12 +281,16 @@ def test_bad_suite_files(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
 
 
 def test_quick_suite_shape() -> None:
-    """The main job: every bundled model agent on both envs (the trained controller on math),
-    at least 48 episodes per run so that intervals can separate agents, every episode in flight
-    at once, and at least two caps per agent for the cost axis."""
+    """The main job: every bundled model agent on both envs (the trained controllers on math,
+    the delegating one on a delegation variant), at least 48 episodes per run so that intervals
+    can separate agents, every episode in flight at once, and at least two caps per agent for
+    the cost axis."""
     assert "quick" in builtin_suites()
     suite = load_suite("quick")
-    assert suite.n_runs() == 23
+    assert suite.n_runs() == 27
+    delegation = [entry for entry in suite.runs if "clone-controller-delegate" in entry.agents]
+    assert [entry.env_args["preset"] for entry in delegation] == ["long-sum"]
+    assert "monolithic" in delegation[0].agents
     agents: dict[str, set[str]] = {}
     caps: dict[tuple[str, str], set[int]] = {}
     for entry in suite.runs:
@@ -298,13 +302,14 @@ def test_quick_suite_shape() -> None:
             )
     model_agents = {"monolithic", "clone-controller", "self-consistency", "tree-of-thoughts"}
     assert agents == {
-        "SelfCest-Math-v0": model_agents | {"clone-controller-trained"},
+        "SelfCest-Math-v0": model_agents
+        | {"clone-controller-trained", "clone-controller-delegate"},
         "SelfCest-MultiHopQA-v0": model_agents,
     }
     assert all(len(budgets) >= 2 for budgets in caps.values())
     assert (
         sum(entry.episodes * len(entry.agents) * len(entry.budgets()) for entry in suite.runs)
-        == 1344
+        == 1600
     )
 
 
@@ -325,6 +330,7 @@ def test_registry_names_and_errors() -> None:
         "scripted-threadweaver",
         "scripted-qa-delegate",
         "clone-controller-trained",
+        "clone-controller-delegate",
         "apr",
         "threadweaver",
         "parallel-r1",
