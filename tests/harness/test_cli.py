@@ -309,7 +309,7 @@ def test_quick_suite_shape() -> None:
     assert all(len(budgets) >= 2 for budgets in caps.values())
     assert (
         sum(entry.episodes * len(entry.agents) * len(entry.budgets()) for entry in suite.runs)
-        == 1600
+        == 1536
     )
 
 
