@@ -20,6 +20,7 @@ adapter share it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
@@ -156,10 +157,8 @@ class TrainedDelegateControllerAgent(TrainedCloneControllerAgent):
 
     name = "clone-controller-delegate"
     bundled_adapter: ClassVar[str] = BUNDLED_DELEGATE_ADAPTER
-    info = AgentInfo(
-        needs_backend=True,
-        options=TrainedCloneControllerAgent.info.options,
-        defaults=TrainedCloneControllerAgent.info.defaults,
+    info = replace(
+        TrainedCloneControllerAgent.info,
         description="the clone controller with the bundled LoRA adapter trained to delegate "
         "long digit sums (default model)",
     )
