@@ -82,6 +82,14 @@ class ModelSection:
         "module names that get LoRA adapters",
         default=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     )
+    init_adapter: str | None = _help(
+        "LoRA only: start from this adapter's weights instead of fresh ones: a folder with "
+        "adapter_config.json and adapter_model.safetensors (a run's final/, or a bundled "
+        "adapter's name such as clone-controller-smollm2-delegate); its rank, alpha and "
+        "target modules must equal lora_rank, lora_alpha and lora_targets. With "
+        "imitation.episodes 0, GRPO starts from it directly",
+        default=None,
+    )
     scratch_layers: int = _help("scratch model: transformer layers", default=2)
     scratch_width: int = _help("scratch model: hidden size", default=128)
     scratch_heads: int = _help("scratch model: attention heads", default=4)
@@ -267,6 +275,8 @@ class TrainConfig:
                 f"imitation.step_by_step_share must be in [0, 1], got "
                 f"{self.imitation.step_by_step_share}"
             )
+        if self.model.init_adapter is not None and self.model.finetune != "lora":
+            raise ConfigError("model.init_adapter needs model.finetune: lora")
         if self.model.name == "scratch" and self.model.finetune != "full":
             raise ConfigError("model.name 'scratch' trains every weight: set model.finetune: full")
         for split in self.eval.splits:

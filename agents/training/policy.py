@@ -14,6 +14,7 @@ reference, checkpoints of its trainable weights and the exported result.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import warnings
 from collections.abc import Iterator
@@ -182,6 +183,54 @@ class Policy:
             )
         self.model.load_state_dict(state, strict=False)
 
+    def load_adapter(self, folder: Path, section: ModelSection) -> None:
+        """Put the weights of the saved LoRA adapter in ``folder`` into the trained adapter
+        (``model.init_adapter``).
+
+        Raises:
+            ValueError: the policy is not LoRA, the folder holds no adapter, or the adapter's
+                rank, alpha or target modules differ from ``section``'s.
+        """
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        if not self.lora:
+            raise ValueError("model.init_adapter needs model.finetune: lora")
+        config_path, weights_path = (
+            folder / "adapter_config.json",
+            folder / "adapter_model.safetensors",
+        )
+        if not config_path.is_file() or not weights_path.is_file():
+            raise ValueError(
+                f"model.init_adapter: {folder} holds no adapter_config.json and "
+                "adapter_model.safetensors (pass a run's final/ folder or a bundled adapter's name)"
+            )
+        saved = json.loads(config_path.read_text())
+        wanted = {"r": section.lora_rank, "lora_alpha": section.lora_alpha}
+        for key, value in wanted.items():
+            if saved.get(key) != value:
+                raise ValueError(
+                    f"model.init_adapter: {folder} has {key} {saved.get(key)}, the config "
+                    f"{value}; set model.lora_rank / model.lora_alpha to match"
+                )
+        if set(saved.get("target_modules") or ()) != set(section.lora_targets):
+            raise ValueError(
+                f"model.init_adapter: {folder} adapts {sorted(saved.get('target_modules') or ())}, "
+                f"the config {sorted(section.lora_targets)}; set model.lora_targets to match"
+            )
+        result = set_peft_model_state_dict(
+            self.model, load_file(str(weights_path)), adapter_name=TRAINED_ADAPTER
+        )
+        expected = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        missing = expected & set(result.missing_keys)
+        if result.unexpected_keys or missing:
+            raise ValueError(
+                f"model.init_adapter: {folder} does not fit this model "
+                f"({len(result.unexpected_keys)} unknown and {len(missing)} missing weights; "
+                "was it trained on another base model?)"
+            )
+        logger.info("the LoRA adapter starts from %s", folder)
+
     def export(self, folder: Path) -> None:
         """Save what inference needs: the LoRA adapter or the whole model, and the tokenizer."""
         folder.mkdir(parents=True, exist_ok=True)
@@ -214,6 +263,25 @@ def load_base_model(section: ModelSection, tokenizer: Any | None, seed: int) -> 
         return build_scratch_model(section, tokenizer, seed).to(device), tokenizer
     model, loaded = load_model(section.name, device=device, dtype="float32")
     return model, loaded
+
+
+def init_adapter_dir(name: str) -> Path:
+    """The folder ``model.init_adapter`` names: a path, else a bundled adapter's name.
+
+    Raises:
+        ValueError: neither an existing folder nor a bundled adapter.
+    """
+    from selfcest_env.agents.trained_controller import bundled_adapter_dir
+
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        return folder
+    try:
+        return bundled_adapter_dir(name)
+    except FileNotFoundError:
+        raise ValueError(
+            f"model.init_adapter: {name!r} is neither a folder nor a bundled adapter's name"
+        ) from None
 
 
 def make_policy(section: ModelSection, base: Any, tokenizer: Any) -> Policy:

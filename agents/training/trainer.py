@@ -54,7 +54,12 @@ from selfcest_env.agents.training.config import (
 )
 from selfcest_env.agents.training.credit import assign_advantages
 from selfcest_env.agents.training.imitation import imitate, imitation_samples, section_traces
-from selfcest_env.agents.training.policy import Policy, load_base_model, make_policy
+from selfcest_env.agents.training.policy import (
+    Policy,
+    init_adapter_dir,
+    load_base_model,
+    make_policy,
+)
 from selfcest_env.agents.training.samples import Sample, trace_samples
 from selfcest_env.agents.training.tokenizer import render_conversations, train_chat_tokenizer
 from selfcest_env.agents.training.update import grpo_update, trained_pairs
@@ -390,11 +395,16 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ the whole run
 
     def _warm_start(self) -> None:
-        """Evaluate the untrained policy, imitate (if configured) and save the start of GRPO
-        as checkpoint 0 (:meth:`run` then evaluates it, so that a run stopped in that
-        evaluation resumes after imitation)."""
+        """Load ``model.init_adapter`` (if set), evaluate that policy, imitate (if configured)
+        and save the start of GRPO as checkpoint 0 (:meth:`run` then evaluates it, so that a
+        run stopped in that evaluation resumes after imitation)."""
         assert self.policy is not None
         config = self.config
+        if config.model.init_adapter is not None:
+            try:
+                self.policy.load_adapter(init_adapter_dir(config.model.init_adapter), config.model)
+            except ValueError as error:
+                raise ConfigError(str(error)) from error
         self.evaluate("init", 0)
         if config.imitation.episodes > 0:
             make_env = self.make_env_factory("train", self.policy.tokenizer)

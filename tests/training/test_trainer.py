@@ -41,6 +41,10 @@ def test_every_recipe_loads():
         ({"model": {"name": "scratch"}}, "finetune: full"),
         ({"eval": {"splits": ["val"]}}, "unknown split 'val'"),
         ({"loss": []}, "loss must be a mapping"),
+        (
+            {"model": {"name": "scratch", "finetune": "full", "init_adapter": "x"}},
+            "init_adapter needs model.finetune: lora",
+        ),
     ],
 )
 def test_bad_configs_name_the_key(data, message):
@@ -430,3 +434,96 @@ def test_every_play_closes_its_backend(tmp_path):
     model = trainer.policy.model
     live = [o for o in gc.get_objects() if isinstance(o, TransformersBackend) and o.model is model]
     assert live == []
+
+
+def small_lora_run(tmp_path, name, steps=1, **changes):
+    """A tiny LoRA run's config over a 1-layer Llama saved (once) as a model folder."""
+    from transformers import AutoTokenizer
+
+    from selfcest_env.agents.backends.default_model import default_model_dir
+    from tests.training.small_models import small_llama
+
+    folder = tmp_path / "small-llama"
+    if not folder.exists():
+        tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+        small_llama(tokenizer, layers=1).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    settings = {
+        "model.name": str(folder),
+        "model.finetune": "lora",
+        "model.lora_rank": 4,
+        "env.args": {"min_operators": 1, "max_operators": 2, "context_window": None},
+        "imitation.learning_rate": 0.05,
+        **changes,
+    }
+    return tiny_config(tmp_path / name, steps=steps, **settings)
+
+
+def adapter_weights(folder):
+    """The saved adapter's tensors, named as the live policy names its trained adapter."""
+    from safetensors.torch import load_file
+
+    return {
+        name.replace(".lora_A.", ".lora_A.default.").replace(".lora_B.", ".lora_B.default."): value
+        for name, value in load_file(str(folder / "adapter_model.safetensors")).items()
+    }
+
+
+@pytest.mark.slow
+def test_a_run_starts_from_a_saved_adapter_instead_of_imitating(tmp_path):
+    """``model.init_adapter`` puts a saved adapter (a run's ``final/``) into the policy before
+    the first evaluation: with no imitation, checkpoint 0 (the start of GRPO) is exactly that
+    adapter, and the first evaluation scores it, not fresh LoRA weights."""
+    import torch
+    from safetensors.torch import load_file
+
+    from selfcest_env.agents.training.checkpoints import START, WEIGHTS
+
+    first = small_lora_run(tmp_path, "first")
+    GRPOTrainer(first).run()
+    final = tmp_path / "first" / "final"
+    second = small_lora_run(
+        tmp_path, "second", **{"model.init_adapter": str(final), "imitation.episodes": 0}
+    )
+    GRPOTrainer(second).run()
+    start = load_file(str(tmp_path / "second" / "checkpoints" / START / WEIGHTS))
+    saved = adapter_weights(final)
+    assert set(start) == set(saved)
+    assert all(torch.equal(start[name], saved[name]) for name in saved)
+    # The B matrices of fresh LoRA weights are zero; these are not (imitation moved them).
+    assert any(
+        name.endswith("lora_B.default.weight") and saved[name].abs().sum() > 0 for name in saved
+    )
+    phases = [row["phase"] for row in read_csv(tmp_path / "second" / EVAL_LOG)]
+    assert phases[0] == "init" and "imitation" not in phases
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"model.lora_rank": 8}, "has r 4, the config 8; set model.lora_rank"),
+        ({"model.lora_alpha": 7}, "has lora_alpha 32, the config 7"),
+        ({"model.lora_targets": ["q_proj"]}, "set model.lora_targets to match"),
+    ],
+)
+def test_an_adapter_that_does_not_fit_is_a_config_error(tmp_path, changes, message):
+    first = small_lora_run(tmp_path, "first", **{"imitation.episodes": 0})
+    GRPOTrainer(first).run()
+    final = str(tmp_path / "first" / "final")
+    config = small_lora_run(tmp_path, "second", **{"model.init_adapter": final, **changes})
+    with pytest.raises(ConfigError, match=message):
+        GRPOTrainer(config).run()
+
+
+def test_init_adapter_names_a_folder_or_a_bundled_adapter(tmp_path):
+    from selfcest_env.agents.trained_controller import BUNDLED_DELEGATE_ADAPTER, bundled_adapter_dir
+    from selfcest_env.agents.training.policy import init_adapter_dir
+
+    assert init_adapter_dir(str(tmp_path)) == tmp_path
+    bundled = init_adapter_dir(BUNDLED_DELEGATE_ADAPTER)
+    assert bundled == bundled_adapter_dir(BUNDLED_DELEGATE_ADAPTER)
+    with pytest.raises(ValueError, match="neither a folder nor a bundled adapter"):
+        init_adapter_dir("no-such-adapter")
+    with pytest.raises(ValueError, match="neither a folder nor a bundled adapter"):
+        init_adapter_dir(str(tmp_path / "missing"))
