@@ -133,7 +133,7 @@ def _plot_one(
             capsize=3,
             markersize=7,
             alpha=0.9,
-            label=_plot_text(str(agent)),
+            label=plot_text(str(agent)),
             zorder=3,
         )
     censored = group[group["answered_rate"].astype(float) < ANSWERED_WARNING]
@@ -178,7 +178,7 @@ def _plot_one(
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel(f"{METER_LABELS.get(meter, meter)}, {scale}")
     ax.set_ylabel("accuracy (fraction correct, 95% Wilson CI)")
-    title = _plot_text(" · ".join(map(str, key))) + f"\naccuracy vs {meter}"
+    title = plot_text(" · ".join(map(str, key))) + f"\naccuracy vs {meter}"
     ax.grid(True, which="major", alpha=0.4)
     ax.grid(True, which="minor", alpha=0.15)
     handles, labels = ax.get_legend_handles_labels()
@@ -198,7 +198,7 @@ def _plot_one(
     if label_points:
         colours = {agent: colour for agent, (colour, _) in style.items()}
         caption = _label_budgets(ax, group, col, colours)
-    caption_text = f" (points labelled by {_plot_text(caption)})" if caption else ""
+    caption_text = f" (points labelled by {plot_text(caption)})" if caption else ""
     ax.set_title(title + caption_text, fontsize=11)
     return fig
 
@@ -329,7 +329,7 @@ def _label_budgets(
             (
                 x,
                 y,
-                _plot_text(", ".join(sorted(names, key=_numbers_first))),
+                plot_text(", ".join(sorted(names, key=_numbers_first))),
                 colours[next(iter(agents))] if len(agents) == 1 else "0.2",
             )
             for (x, y), (names, agents) in spots.items()
@@ -338,7 +338,7 @@ def _label_budgets(
     return caption
 
 
-def _plot_text(text: str) -> str:
+def plot_text(text: str) -> str:
     """Text from a leaderboard as matplotlib shows it literally: ``$`` escaped (no mathtext,
     whose parser fails on stray ``$``), control characters written as escapes."""
     return printable(text).replace("$", r"\$")

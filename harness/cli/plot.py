@@ -1,4 +1,5 @@
-"""``selfcest plot``: accuracy against each cost meter from a leaderboard CSV."""
+"""``selfcest plot``: accuracy against each cost meter from a leaderboard CSV, or the training
+curves of a ``selfcest train`` run folder."""
 
 from __future__ import annotations
 
@@ -15,12 +16,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``plot`` subcommand to ``subparsers``."""
     plot = subparsers.add_parser(
         "plot",
-        help="plot accuracy against cost from a leaderboard CSV",
-        description="One figure per (env, source, split) and cost meter, Pareto frontier drawn.",
+        help="plot accuracy against cost from a leaderboard CSV, or a training run's curves",
+        description="A leaderboard CSV: one figure per (env, source, split, variant) and cost "
+        "meter, Pareto frontier drawn. A training run folder (or a bundled adapter's folder): "
+        "curves.png, evaluation accuracy, spawn rate and clones per episode of every variant "
+        "and the rollouts' reward over the steps.",
     )
-    plot.add_argument("leaderboard_csv", metavar="LEADERBOARD_CSV", help="a leaderboard CSV")
     plot.add_argument(
-        "--out", default=None, help="output folder (default: the CSV's folder / plots)"
+        "leaderboard_csv",
+        metavar="PATH",
+        help="a leaderboard CSV, or a `selfcest train` run folder (it holds eval_log.csv)",
+    )
+    plot.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default: the CSV's folder / plots, or the run folder)",
     )
     plot.add_argument(
         "--formats",
@@ -45,8 +55,10 @@ def command(args: argparse.Namespace, terminal: Terminal) -> int:
     from selfcest_env.harness.plots import plot_leaderboard
 
     csv = Path(args.leaderboard_csv)
+    if csv.is_dir():
+        return _training_curves(csv, args, terminal)
     if not csv.is_file():
-        raise SettingsError(f"{csv} is not a file")
+        raise SettingsError(f"{csv} is neither a leaderboard CSV nor a training run folder")
     meters = args.meters or list(PARETO_METERS)
     try:
         df = read_leaderboard_csv(csv)
@@ -60,4 +72,20 @@ def command(args: argparse.Namespace, terminal: Terminal) -> int:
         )
     out = Path(args.out) if args.out else csv.parent / "plots"
     terminal.report_paths(plot_leaderboard(df, out, meters=meters, formats=args.formats), out)
+    return 0
+
+
+def _training_curves(folder: Path, args: argparse.Namespace, terminal: Terminal) -> int:
+    """Write ``curves.<fmt>`` of a training run folder; 0."""
+    from selfcest_env.harness.curves import plot_training_curves
+    from selfcest_env.harness.errors import ResultsError
+
+    if args.meters:
+        raise SettingsError("--meters applies to a leaderboard CSV, not to a training run folder")
+    out = Path(args.out) if args.out else folder
+    try:
+        written = plot_training_curves(folder, out, formats=args.formats)
+    except ResultsError as exc:
+        raise SettingsError(one_line(str(exc))) from exc
+    terminal.report_paths(written, out)
     return 0

@@ -229,7 +229,8 @@ def test_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     cases = [
         (["suite", str(tmp_path / "missing.yaml")], "not a built-in suite (quick) and not a file"),
         (["leaderboard", str(tmp_path / "missing")], "is not a folder"),
-        (["plot", str(tmp_path / "missing.csv")], "is not a file"),
+        (["plot", str(tmp_path / "missing.csv")], "neither a leaderboard CSV nor a training run"),
+        (["plot", str(tmp_path)], "holds no eval_log.csv: pass a `selfcest train` run folder"),
     ]
     for argv, expected in cases:
         check_one_error_line(run_cli(*argv), capsys.readouterr().err, expected, tmp_path)
