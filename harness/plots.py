@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -201,6 +202,106 @@ def _plot_one(
     caption_text = f" (points labelled by {plot_text(caption)})" if caption else ""
     ax.set_title(title + caption_text, fontsize=11)
     return fig
+
+
+def sweep_point(variant: str, key: str) -> tuple[float, str] | None:
+    """``(value, family)`` of a variant label holding the item ``key=<number>``: the number,
+    and the label without that item (the variants of one sweep share it); ``None`` when the
+    label has no such item. ``"ctx,context_tokens=8000"`` -> ``(8000.0, "ctx")``;
+    ``"context_tokens=1000,hops=[1,2]"`` -> ``(1000.0, "hops=[1,2]")``."""
+    pattern = rf"(?:^|,){re.escape(key)}=(-?\d+(?:\.\d+)?)(?=,|$)"
+    found = re.search(pattern, variant)
+    if found is None:
+        return None
+    family = (variant[: found.start()] + variant[found.end() :]).strip(",")
+    return float(found.group(1)), family
+
+
+def plot_sweep(
+    df: pd.DataFrame,
+    out_dir: str | Path,
+    key: str,
+    formats: Sequence[str] = ("png", "svg"),
+) -> list[Path]:
+    """Plot accuracy (95% CI band) against a swept env argument, one line per agent.
+
+    Rows take part when their ``variant`` holds the item ``key=<number>``
+    (:func:`sweep_point`; a suite names such variants, e.g. ``variant:
+    "ctx,context_tokens=8000"``, or leaves them to be built from ``env_args``, which writes
+    every setting that way). One figure per (``env_id``/``source``/``split``, the variant
+    without that item, budget), saved as ``sweep__<key>__<group>__<family>__<budget>.<fmt>``;
+    log x axis when every value is positive. Returns the paths written.
+
+    Raises:
+        ResultsError: no row's variant sweeps ``key``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [sweep_point(str(variant), key) for variant in df["variant"]]
+    rows = df.assign(
+        _x=[p[0] if p else math.nan for p in points], _family=[p[1] if p else "" for p in points]
+    )
+    rows = rows[[p is not None for p in points]]
+    if rows.empty:
+        raise ResultsError(
+            f"no variant sweeps {key!r}: variants must hold an item {key}=<number> "
+            f"(e.g. ctx,{key}=8000)"
+        )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    agents = sorted(rows["agent"].astype(str).unique())
+    cmap = plt.get_cmap("tab10" if len(agents) <= 10 else "tab20")
+    style = {a: (cmap(i % cmap.N), _MARKERS[i % len(_MARKERS)]) for i, a in enumerate(agents)}
+    keys = ["env_id", "source", "split", "_family", "budget"]
+    written: list[Path] = []
+    for group_key, group in rows.groupby(keys, sort=True):
+        fig, ax = plt.subplots(figsize=(8.0, 5.0))
+        for agent, sub in group.sort_values("_x").groupby("agent", sort=True):
+            colour, marker = style[str(agent)]
+            xs = sub["_x"].astype(float)
+            ax.plot(
+                xs,
+                sub["accuracy"].astype(float),
+                marker=marker,
+                color=colour,
+                label=plot_text(str(agent)),
+                zorder=3,
+            )
+            ax.fill_between(
+                xs,
+                sub["acc_ci_low"].astype(float),
+                sub["acc_ci_high"].astype(float),
+                color=colour,
+                alpha=0.12,
+                linewidth=0,
+            )
+        if (group["_x"] > 0).all():
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(_token_formatter()())
+            ax.xaxis.set_minor_formatter(_token_formatter()(labelOnlyBase=False))
+        ax.set_xticks(sorted(group["_x"].unique()))
+        ax.set_xticklabels([format_tokens(x) for x in sorted(group["_x"].unique())])
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xlabel(plot_text(key) + (" (log scale)" if ax.get_xscale() == "log" else ""))
+        ax.set_ylabel("accuracy (fraction correct, 95% Wilson CI)")
+        env_id, source, split, family, budget = (str(v) for v in group_key)
+        head = " · ".join(v for v in (env_id, source, split, family) if v)
+        title = f"{plot_text(head)}\n{plot_text(f'accuracy vs {key} at {budget}')}"
+        ax.set_title(title, fontsize=11)
+        ax.grid(True, alpha=0.3)
+        ax.legend(title="agent", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        stem = f"sweep__{safe_name(key)}__{_group_slug(group_key)}"
+        for fmt in formats:
+            image = io.BytesIO()
+            fig.savefig(image, format=fmt, dpi=150, bbox_inches="tight")
+            path = out / f"{stem}.{fmt}"
+            atomic_write_bytes(path, image.getvalue())
+            written.append(path)
+        plt.close(fig)
+    return written
 
 
 def budget_texts(labels: Sequence[str]) -> tuple[list[str], str | None]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from selfcest_env.harness.cli.output import Terminal
-from selfcest_env.harness.errors import SettingsError, one_line
+from selfcest_env.harness.errors import ResultsError, SettingsError, one_line
 from selfcest_env.harness.suites import split_list
 
 
@@ -45,6 +45,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="comma-separated cost meters (default: gen_tokens, critical_path_tokens, "
         "peak_context_tokens)",
     )
+    plot.add_argument(
+        "--sweep",
+        default=None,
+        metavar="KEY",
+        help="instead of the cost figures: accuracy against the env argument KEY (e.g. "
+        "context_tokens), one line per agent, from the runs whose variant holds KEY=<number>",
+    )
     plot.set_defaults(func=command)
     return plot
 
@@ -52,7 +59,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def command(args: argparse.Namespace, terminal: Terminal) -> int:
     """Write one figure per group and meter; 0."""
     from selfcest_env.harness.leaderboard import PARETO_METERS, read_leaderboard_csv
-    from selfcest_env.harness.plots import plot_leaderboard
+    from selfcest_env.harness.plots import plot_leaderboard, plot_sweep
 
     csv = Path(args.leaderboard_csv)
     if csv.is_dir():
@@ -71,6 +78,15 @@ def command(args: argparse.Namespace, terminal: Terminal) -> int:
             f"unknown meter(s) {', '.join(missing)}; valid meters: {', '.join(valid)}"
         )
     out = Path(args.out) if args.out else csv.parent / "plots"
+    if args.sweep is not None:
+        if args.meters:
+            raise SettingsError("--meters and --sweep do not go together: pick one")
+        try:
+            written = plot_sweep(df, out, args.sweep, formats=args.formats)
+        except ResultsError as exc:
+            raise SettingsError(f"{csv}: {one_line(str(exc))}") from exc
+        terminal.report_paths(written, out)
+        return 0
     terminal.report_paths(plot_leaderboard(df, out, meters=meters, formats=args.formats), out)
     return 0
 
@@ -78,7 +94,6 @@ def command(args: argparse.Namespace, terminal: Terminal) -> int:
 def _training_curves(folder: Path, args: argparse.Namespace, terminal: Terminal) -> int:
     """Write ``curves.<fmt>`` of a training run folder; 0."""
     from selfcest_env.harness.curves import plot_training_curves
-    from selfcest_env.harness.errors import ResultsError
 
     if args.meters:
         raise SettingsError("--meters applies to a leaderboard CSV, not to a training run folder")

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from selfcest_env.episodes import INT_METERS, METERS, wilson_interval
+from selfcest_env.harness.errors import ResultsError
 from selfcest_env.harness.leaderboard import (
     LEADERBOARD_COLUMNS,
     LEADERBOARD_DTYPES,
@@ -416,3 +417,56 @@ def test_censoring_columns_sit_next_to_accuracy(tmp_path: Path) -> None:
         build_leaderboard(tmp_path / "clean"), clean_out, meters=("gen_tokens",), formats=("svg",)
     )
     assert "under 90% answered" not in next(clean_out.glob("*.svg")).read_text()
+
+
+def test_sweep_points_are_read_from_variant_labels() -> None:
+    from selfcest_env.harness.plots import sweep_point
+
+    assert sweep_point("ctx,context_tokens=8000", "context_tokens") == (8000.0, "ctx")
+    assert sweep_point("context_tokens=1000,hops=[1,2]", "context_tokens") == (1000.0, "hops=[1,2]")
+    assert sweep_point("a,context_tokens=8,b", "context_tokens") == (8.0, "a,b")
+    assert sweep_point("context_tokens=0.5", "context_tokens") == (0.5, "")
+    assert sweep_point("xcontext_tokens=8", "context_tokens") is None  # another key
+    assert sweep_point("context_tokens=8k", "context_tokens") is None  # not a number
+    assert sweep_point("long-sum", "context_tokens") is None
+
+
+def test_a_context_sweep_is_one_figure_per_budget_with_a_line_per_agent(tmp_path: Path) -> None:
+    """Variants that differ only in the swept value form one family; each budget gets its own
+    figure, each agent one line over the swept values; variants without the key stay out."""
+    from selfcest_env.harness.plots import plot_sweep
+
+    root = tmp_path / "runs"
+    for size, mono, clone in ((1000, 8, 6), (8000, 3, 6), (32000, 0, 5)):
+        extra = {"env_args": {"context_tokens": size, "hops": [1, 2]}}
+        for budget in ("max_new_tokens=64", "max_new_tokens=128"):
+            make_run(root, "monolithic", budget, mono, 10, gen=100, extra=extra)
+            make_run(root, "clone_controller", budget, clone, 10, gen=400, extra=extra)
+    make_run(root, "monolithic", "max_new_tokens=64", 9, 10, gen=50, extra={"variant": "easy"})
+    df = build_leaderboard(root)
+    paths = plot_sweep(df, tmp_path / "plots", "context_tokens", formats=("svg",))
+    names = sorted(p.name for p in paths)
+    assert len(names) == 2 and all(n.startswith("sweep__context_tokens__") for n in names)
+    assert any("max_new_tokens=64" in n for n in names) and "hops" in names[0]
+    svg = paths[0].read_text()
+    assert "monolithic" in svg and "clone_controller" in svg and "32k" in svg
+    with pytest.raises(ResultsError, match="no variant sweeps 'hops_total'"):
+        plot_sweep(df, tmp_path / "plots", "hops_total")
+
+
+def test_selfcest_plot_sweep_from_a_csv(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from tests.harness.test_cli import run_cli
+
+    root = tmp_path / "runs"
+    for size, correct in ((1000, 5), (4000, 2)):
+        extra = {"env_args": {"context_tokens": size}}
+        make_run(root, "monolithic", "max_new_tokens=64", correct, 10, gen=100, extra=extra)
+    csv = tmp_path / "leaderboard.csv"
+    write_leaderboard_csv(csv, root)
+    code = run_cli("plot", str(csv), "--sweep", "context_tokens", "--formats", "png")
+    assert code == 0 and len(list((tmp_path / "plots").glob("sweep__*.png"))) == 1
+    capsys.readouterr()
+    assert run_cli("plot", str(csv), "--sweep", "hops") == 2
+    assert "no variant sweeps 'hops'" in capsys.readouterr().err
+    assert run_cli("plot", str(csv), "--sweep", "x", "--meters", "gen_tokens") == 2
+    assert "--meters and --sweep do not go together" in capsys.readouterr().err
