@@ -23,6 +23,7 @@ of the tree they build and therefore what the ledger charges.
 from __future__ import annotations
 
 import ast
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -90,9 +91,15 @@ def top_level_terms(expression: str) -> list[str]:
 
 def chunk_terms(terms: Sequence[str], parts: int, size: int | None = None) -> list[str]:
     """Group consecutive terms into sub-expressions whose values sum up: at most ``parts`` of
-    equal length, or, with ``size``, ``size`` terms each (the last one shorter)."""
+    equal length, or, with ``size``, ``size`` terms each (the last one shorter); where that
+    would make more than ``parts`` chunks, each takes the smallest multiple of ``size`` terms
+    that makes at most ``parts`` (24 terms, size 6, 2 parts: two chunks of 12, which a clone
+    that may spawn splits into sixes again)."""
+    parts = max(1, parts)
     if size is None:
-        size = -(-len(terms) // max(1, parts))
+        size = max(1, math.ceil(len(terms) / parts))
+    else:
+        size *= max(1, math.ceil(math.ceil(len(terms) / size) / parts))
     chunks = []
     for start in range(0, len(terms), size):
         text = " ".join(terms[start : start + size])
@@ -189,6 +196,10 @@ class ScriptedDelegator(ScriptedAgent):
             before the answer.
         chunk_size: Terms per clone (the last clone takes the rest) instead of ``parts``
             equal chunks: a split a model can make without counting the terms first.
+        solve_up_to: A context whose expression has at most this many top-level terms works
+            it out itself (step by step with ``leaf_steps``) even where it may spawn: only
+            what is longer is delegated, at every depth. ``None``: every context that may
+            spawn does.
     """
 
     parts: int = 3
@@ -196,6 +207,7 @@ class ScriptedDelegator(ScriptedAgent):
     leaf_steps: bool = False
     sum_steps: bool = False
     chunk_size: int | None = None
+    solve_up_to: int | None = None
     name: str = "scripted-delegate"
     info: ClassVar[AgentInfo] = AgentInfo(
         needs_backend=False,
@@ -205,6 +217,7 @@ class ScriptedDelegator(ScriptedAgent):
             "leaf_steps": None,
             "sum_steps": None,
             "chunk_size": OptionRange(int, 1),
+            "solve_up_to": OptionRange(int, 1),
         },
         description="exact arithmetic split over clones, no model (tests, reference)",
     )
@@ -216,7 +229,8 @@ class ScriptedDelegator(ScriptedAgent):
             return self._add_up(messages[-1]["content"])
         expression = expression_of(messages)
         terms = top_level_terms(expression)
-        if not info["tools"] or len(terms) < 2:
+        short = self.solve_up_to is not None and len(terms) <= self.solve_up_to
+        if not info["tools"] or len(terms) < 2 or short:
             if self.leaf_steps:
                 return ScriptedStepByStep().act(observation, info)
             return Return(str(evaluate_expression(expression)))

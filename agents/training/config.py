@@ -187,6 +187,13 @@ class ImitationSection:
         "`parts` equal chunks; keep ceil(terms / chunk_size) within max_clones_per_call",
         default=None,
     )
+    solve_up_to: int | None = _help(
+        "the scripted delegator works an expression of at most this many terms out itself "
+        "instead of spawning, in every context (the root of a short sum, a clone whose chunk "
+        "is short enough at depth 2): it delegates only what is longer. null: every context "
+        "that may spawn does",
+        default=None,
+    )
     step_by_step_share: float = _help(
         "share of the episodes solved in one context by the step-by-step script instead "
         "(the policy then has to learn by RL that delegating pays)",
@@ -250,6 +257,9 @@ class TrainConfig:
             "imitation.chunk_size": 1
             if self.imitation.chunk_size is None
             else self.imitation.chunk_size,
+            "imitation.solve_up_to": 1
+            if self.imitation.solve_up_to is None
+            else self.imitation.solve_up_to,
             "eval.every": self.eval.every,
             "model.lora_rank": self.model.lora_rank,
         }

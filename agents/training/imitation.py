@@ -70,10 +70,11 @@ def scripted_traces(
     leaf_steps: bool = False,
     sum_steps: bool = False,
     chunk_size: int | None = None,
+    solve_up_to: int | None = None,
 ) -> list[EpisodeTrace]:
     """Traces of ``episodes`` training episodes (instances ``0 .. episodes - 1``): the first
     ``round(step_by_step_share * episodes)`` played by ``ScriptedStepByStep``, the others by
-    ``ScriptedDelegator(parts, leaf_steps, sum_steps=sum_steps, chunk_size=chunk_size)``
+    ``ScriptedDelegator(parts, leaf_steps, sum_steps, chunk_size, solve_up_to)``
     (in ThreadWeaver's grammar, ``ScriptedThreadWeaver``). On a task whose answers are not
     integers (multi-hop QA) every episode is played by ``ScriptedQADelegator``, one round of
     clones per hop, and ``step_by_step_share`` must be 0.
@@ -102,7 +103,9 @@ def scripted_traces(
             )
         delegator: ScriptedAgent = _qa_teacher(env.config.protocol)
     else:
-        delegator = _teacher(env.config.protocol, parts, leaf_steps, sum_steps, chunk_size)
+        delegator = _teacher(
+            env.config.protocol, parts, leaf_steps, sum_steps, chunk_size, solve_up_to
+        )
     solved_alone = _play(make_env, ScriptedStepByStep(), range(alone), seed)
     delegated = _play(make_env, delegator, range(alone, episodes), seed)
     wrong = [result for result in delegated if not result.correct]
@@ -118,10 +121,20 @@ def scripted_traces(
 
 
 def _teacher(
-    protocol: str, parts: int, leaf_steps: bool, sum_steps: bool, chunk_size: int | None
+    protocol: str,
+    parts: int,
+    leaf_steps: bool,
+    sum_steps: bool,
+    chunk_size: int | None,
+    solve_up_to: int | None,
 ) -> ScriptedAgent:
     """The scripted delegator of the env's grammar."""
     if protocol == "threadweaver":  # its threads always work their chunk out
+        if solve_up_to is not None:
+            raise ValueError(
+                "imitation.solve_up_to applies to the tool-call teacher, not to ThreadWeaver's "
+                "(whose root always forks); leave it out"
+            )
         return ScriptedThreadWeaver(parts=parts, chunk_size=chunk_size)
     if protocol != "tool-call":
         raise ValueError(
@@ -129,7 +142,11 @@ def _teacher(
             f"not {protocol!r}; set imitation.episodes to 0 or use one of those"
         )
     return ScriptedDelegator(
-        parts=parts, leaf_steps=leaf_steps, sum_steps=sum_steps, chunk_size=chunk_size
+        parts=parts,
+        leaf_steps=leaf_steps,
+        sum_steps=sum_steps,
+        chunk_size=chunk_size,
+        solve_up_to=solve_up_to,
     )
 
 
@@ -156,6 +173,7 @@ def section_traces(
         section.leaf_steps,
         section.sum_steps,
         section.chunk_size,
+        section.solve_up_to,
     )
 
 

@@ -134,6 +134,7 @@ def test_names_are_matched_without_case_or_blanks() -> None:
         "leaf_steps",
         "sum_steps",
         "chunk_size",
+        "solve_up_to",
     }
     assert backend_class(" OpenAI").name == "openai"
     assert credit_rule("Shared") is credit_rule("shared")

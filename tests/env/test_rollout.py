@@ -129,3 +129,57 @@ def test_a_delegator_with_sum_steps_adds_its_clones_answers_up_line_by_line(dept
             for line in lines[:-1]:  # "<running><+/-value>=<new running>", exact
                 left, right = line.split("=")
                 assert evaluate_expression(left) == int(right)
+
+
+def test_chunks_of_a_fixed_size_grow_by_whole_sizes_to_stay_within_the_parts() -> None:
+    from selfcest_env.agents.scripted import chunk_terms
+
+    terms = ["1"] + ["+1"] * 23  # 24 terms
+    assert [c.count("1") for c in chunk_terms(terms, 4, 6)] == [6, 6, 6, 6]
+    assert [c.count("1") for c in chunk_terms(terms, 2, 6)] == [12, 12]
+    assert [c.count("1") for c in chunk_terms(terms, 3, 6)] == [12, 12]
+    assert [c.count("1") for c in chunk_terms(terms[:16], 2, 6)] == [12, 4]
+    assert [c.count("1") for c in chunk_terms(terms[:5], 2, 6)] == [5]
+    assert chunk_terms([], 2, 6) == [] and chunk_terms([], 2) == []
+
+
+@pytest.mark.parametrize(
+    ("terms", "depth", "parts", "shape"),
+    [
+        (4, 1, 4, {0: 1}),  # short: the root works it out itself
+        (6, 2, 2, {0: 1}),
+        (16, 1, 4, {0: 1, 1: 3}),  # 6, 6, 4: each clone at depth 1 is a leaf
+        (24, 2, 2, {0: 1, 1: 2, 2: 4}),  # 12 and 12, each split into sixes at depth 2
+        (14, 2, 2, {0: 1, 1: 2, 2: 2}),  # 12 (split again) and 2 (worked out itself)
+    ],
+)
+def test_solve_up_to_delegates_only_what_is_longer_at_every_depth(terms, depth, parts, shape):
+    def sums():
+        env = gym.make(
+            "SelfCest-Math-v0",
+            min_operators=terms - 1,
+            max_operators=terms - 1,
+            min_operand_digits=1,
+            max_operand_digits=1,
+            operator_weights={"+": 1},
+            paren_probability=0.0,
+            max_depth=depth,
+            max_new_tokens=None,
+            max_clones_per_call=parts,
+        )
+        return env.unwrapped
+
+    policy = ScriptedDelegator(
+        parts=parts, leaf_steps=True, sum_steps=True, chunk_size=6, solve_up_to=6
+    )
+    specs = episode_specs(range(4), 0)
+    for result in run_episodes(sums, policy, specs, parallel=4, keep_traces=True, progress=False):
+        assert result.correct
+        depths: dict[int, int] = {}
+        by_id = {c["id"]: c for c in result.trace["contexts"]}
+        for context in result.trace["contexts"]:
+            level, parent = 0, context["parent"]
+            while parent is not None:
+                level, parent = level + 1, by_id[parent]["parent"]
+            depths[level] = depths.get(level, 0) + 1
+        assert depths == shape
