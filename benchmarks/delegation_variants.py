@@ -3,6 +3,7 @@ the default model's tokenizer.
 
     python benchmarks/delegation_variants.py [--episodes 16] [--caps 64,96,128,192,256]
         [--contexts 1000,2000,4000,8000,16000,32000] [--model-episodes N]
+        [--depth-terms 12,24,32]
 
 Math (``SelfCest-Math-v0``, arithmetic presets ``easy``, ``long-sum``, ``longer-sum``): the
 scripted solution in one context (``ScriptedStepByStep``: one running total per line, the
@@ -12,6 +13,10 @@ longest turn, the generated tokens and the
 critical path (means over ``--episodes`` episodes), and for each turn cap of ``--caps`` which
 of the two fits (the env cuts a turn at its cap, so a solution whose longest turn does not fit
 cannot finish).
+
+Depth (sums of ``--depth-terms`` single digits, two clones per call): the same in one context,
+one level deep (two leaves of half the terms each) and two levels deep (the ``smollm2-depth2``
+teacher: a context with more than six terms gives them to two clones, six per leaf).
 
 QA (``SelfCest-MultiHopQA-v0``, synthetic two-hop questions at each ``--contexts`` size): the
 tokens of a monolithic reader's prompt (every paragraph) against the default model's window,
@@ -115,6 +120,51 @@ def math_table(tokenizer: Any, args: argparse.Namespace, backend: Any) -> None:
             print(f"{variant:11} {'model':9} {'(monolithic accuracy)':>31}{line}")
 
 
+def depth_table(tokenizer: Any, args: argparse.Namespace) -> None:
+    """Print the shapes of sums of 12-32 digits with two clones per call, one level deep and
+    two levels deep (the ``smollm2-depth2`` recipe's teacher: six terms per leaf)."""
+    print(
+        "\nmath, two clones per call: one context (step), depth 1 (two leaves of half the "
+        "terms), depth 2 (leaves of at most six terms), tokens"
+    )
+    print(f"{'terms':>5} {'strategy':9} {'longest turn':>12} {'generated':>9} {'critical':>8}")
+    for terms in _ints(args.depth_terms):
+        strategies = (
+            ("step", ScriptedStepByStep(), 1),
+            ("depth 1", ScriptedDelegator(parts=2, leaf_steps=True, sum_steps=True), 1),
+            (
+                "depth 2",
+                ScriptedDelegator(
+                    parts=2, leaf_steps=True, sum_steps=True, chunk_size=6, solve_up_to=6
+                ),
+                2,
+            ),
+        )
+        for name, policy, depth in strategies:
+
+            def make_env(depth: int = depth, terms: int = terms) -> Any:
+                env = gym.make(
+                    "SelfCest-Math-v0",
+                    min_operators=terms - 1,
+                    max_operators=terms - 1,
+                    min_operand_digits=1,
+                    max_operand_digits=1,
+                    operator_weights={"+": 1},
+                    paren_probability=0.0,
+                    max_depth=depth,
+                    max_clones_per_call=2,
+                    tokenizer=tokenizer,
+                    max_new_tokens=None,
+                )
+                return env.unwrapped
+
+            shape = scripted_shape(make_env, policy, args.episodes)
+            print(
+                f"{terms:5d} {name:9} {shape['longest_turn']:12d} {shape['gen']:9.1f} "
+                f"{shape['critical']:8.1f}"
+            )
+
+
 def qa_table(tokenizer: Any, args: argparse.Namespace, backend: Any) -> None:
     """Print the QA context sizes against the default model's window."""
     from transformers import AutoConfig
@@ -178,6 +228,7 @@ def main() -> None:
     parser.add_argument("--caps", default="64,96,128,192,256", help="turn caps (tokens)")
     parser.add_argument("--contexts", default="1000,2000,4000,8000,16000,32000")
     parser.add_argument("--model-episodes", type=int, default=0, help="0: no model runs")
+    parser.add_argument("--depth-terms", default="12,24,32", help="sum lengths of the depth table")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     from transformers import AutoTokenizer
@@ -191,6 +242,7 @@ def main() -> None:
 
         backend = make_backend("transformers", batch_size=64)
     math_table(tokenizer, args, backend)
+    depth_table(tokenizer, args)
     qa_table(tokenizer, args, backend)
 
 

@@ -30,6 +30,8 @@ def _epilog() -> str:
         "  smollm2: LoRA on SmolLM2-135M-Instruct on the easy arithmetic preset\n"
         "  smollm2-delegate: LoRA on SmolLM2-135M-Instruct, imitation of both scripted kinds\n"
         "          then GRPO on sums of 2-16 digits at a 96-token turn cap (when to delegate)\n"
+        "  smollm2-depth2: the same two levels deep: sums of up to 24 digits, two clones\n"
+        "          per call, clones that may start clones of their own\n"
         "  smollm2-qa-delegate: LoRA on SmolLM2-135M-Instruct, imitation of the scripted QA\n"
         "          delegator then GRPO on 1-2 hop questions over 2,000 tokens of paragraphs\n"
         "  qwen-delegate: the same on Qwen2.5-1.5B-Instruct for one CUDA GPU (untested here)\n"

@@ -527,3 +527,38 @@ def test_init_adapter_names_a_folder_or_a_bundled_adapter(tmp_path):
         init_adapter_dir("no-such-adapter")
     with pytest.raises(ValueError, match="neither a folder nor a bundled adapter"):
         init_adapter_dir(str(tmp_path / "missing"))
+
+
+def test_the_depth2_recipes_teacher_fits_its_limits_and_nests_by_length():
+    """The smollm2-depth2 warm start, played through its env with the default model's
+    tokenizer: every delegated episode is right within the 128-token cap (none cut); short sums
+    are worked out without a clone, 10-12-term sums with one level of clones and 22-24-term sums
+    with two."""
+    from transformers import AutoTokenizer
+
+    from selfcest_env.agents.backends.default_model import default_model_dir
+    from selfcest_env.agents.training.imitation import scripted_traces
+
+    config = load_config(recipe="smollm2-depth2")
+    section = config.imitation
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    make_env = GRPOTrainer(config).make_env_factory("train", tokenizer)
+    traces = scripted_traces(
+        make_env,
+        36,
+        section.parts,
+        config.seed,
+        0.0,
+        section.leaf_steps,
+        section.sum_steps,
+        section.chunk_size,
+        section.solve_up_to,
+    )
+    assert all(t.reward > 0 and t.meters["truncated_turns"] == 0 for t in traces)
+    lengths = {0: {2, 3, 4}, 1: {10, 11, 12}, 2: {22, 23, 24}}
+    seen = set()
+    for trace in traces:
+        terms = trace.root.objective.count("+") + 1
+        assert terms in lengths[trace.meters["max_depth"]], (terms, trace.meters["max_depth"])
+        seen.add(trace.meters["max_depth"])
+    assert seen == {0, 1, 2}
