@@ -42,6 +42,7 @@ import selfcest_env  # noqa: F401  (registers the envs)
 from selfcest_env.agents.scripted import ScriptedAgent, ScriptedDelegator, ScriptedStepByStep
 from selfcest_env.agents.scripted_qa import ScriptedQADelegator
 from selfcest_env.rollout import episode_specs, run_episodes
+from selfcest_env.tasks.math.arithmetic import digit_sum
 
 MATH_VARIANTS = ("easy", "long-sum", "longer-sum")
 
@@ -145,12 +146,7 @@ def depth_table(tokenizer: Any, args: argparse.Namespace) -> None:
             def make_env(depth: int = depth, terms: int = terms) -> Any:
                 env = gym.make(
                     "SelfCest-Math-v0",
-                    min_operators=terms - 1,
-                    max_operators=terms - 1,
-                    min_operand_digits=1,
-                    max_operand_digits=1,
-                    operator_weights={"+": 1},
-                    paren_probability=0.0,
+                    **digit_sum(terms),
                     max_depth=depth,
                     max_clones_per_call=2,
                     tokenizer=tokenizer,

@@ -21,7 +21,6 @@ shown with control characters escaped.
 from __future__ import annotations
 
 import csv
-import io
 import logging
 import math
 from collections import defaultdict
@@ -31,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from selfcest_env.harness.errors import ResultsError
-from selfcest_env.harness.files import atomic_write_bytes
-from selfcest_env.harness.plots import plot_text
+from selfcest_env.harness.plots import plot_text, save_figure
 
 logger = logging.getLogger(__name__)
 
@@ -177,13 +175,7 @@ def plot_training_curves(
     axes[0].set_title(plot_text(title if title is not None else folder.name), fontsize=11)
     destination = Path(out) if out is not None else folder
     destination.mkdir(parents=True, exist_ok=True)
-    written = []
-    for fmt in formats:
-        image = io.BytesIO()
-        fig.savefig(image, format=fmt, dpi=120, bbox_inches="tight")
-        path = destination / f"curves.{fmt}"
-        atomic_write_bytes(path, image.getvalue())
-        written.append(path)
+    written = save_figure(fig, destination, "curves", formats, dpi=120)
     plt.close(fig)
     return written
 

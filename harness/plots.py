@@ -51,6 +51,21 @@ ANSWERED_WARNING = 0.9
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
 
 
+def save_figure(
+    fig: Any, folder: Path, stem: str, formats: Sequence[str], dpi: int = 150
+) -> list[Path]:
+    """Write ``fig`` as ``folder/<stem>.<fmt>`` in each format, atomically (a link in a file's
+    place is replaced, not followed); returns the paths."""
+    written = []
+    for fmt in formats:
+        image = io.BytesIO()
+        fig.savefig(image, format=fmt, dpi=dpi, bbox_inches="tight")
+        path = folder / f"{stem}.{fmt}"
+        atomic_write_bytes(path, image.getvalue())
+        written.append(path)
+    return written
+
+
 def _group_slug(values: Iterable[Any]) -> str:
     return "__".join(safe_name(str(v)) for v in values)
 
@@ -94,13 +109,7 @@ def plot_leaderboard(
             if col not in group.columns:
                 raise ResultsError(f"leaderboard has no column {col!r}")
             fig = _plot_one(plt, group, meter, style, key, label_points)
-            stem = f"{_group_slug(key)}__{meter}"
-            for fmt in formats:
-                path = out / f"{stem}.{fmt}"
-                image = io.BytesIO()
-                fig.savefig(image, format=fmt, dpi=150, bbox_inches="tight")
-                atomic_write_bytes(path, image.getvalue())
-                written.append(path)
+            written += save_figure(fig, out, f"{_group_slug(key)}__{meter}", formats)
             plt.close(fig)
     return written
 
@@ -294,12 +303,7 @@ def plot_sweep(
         ax.grid(True, alpha=0.3)
         ax.legend(title="agent", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         stem = f"sweep__{safe_name(key)}__{_group_slug(group_key)}"
-        for fmt in formats:
-            image = io.BytesIO()
-            fig.savefig(image, format=fmt, dpi=150, bbox_inches="tight")
-            path = out / f"{stem}.{fmt}"
-            atomic_write_bytes(path, image.getvalue())
-            written.append(path)
+        written += save_figure(fig, out, stem, formats)
         plt.close(fig)
     return written
 

@@ -190,8 +190,9 @@ class ArithmeticConfig:
         return dataclasses.replace(self, **overrides)
 
 
-def _digit_sum(digits: int) -> dict[str, Any]:
-    """The settings of a sum of ``digits`` single digits, without parentheses."""
+def digit_sum(digits: int) -> dict[str, Any]:
+    """The settings of a sum of ``digits`` single digits, without parentheses (what the
+    ``long-sum`` and ``longer-sum`` presets are; pass them to ``gym.make`` for other lengths)."""
     return {
         "operator_weights": {"+": 1.0},
         "min_operators": digits - 1,
@@ -236,8 +237,8 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "max_paren_pairs": 0,
         "wide_span_probability": 0.0,
     },
-    "long-sum": _digit_sum(16),
-    "longer-sum": _digit_sum(24),
+    "long-sum": digit_sum(16),
+    "longer-sum": digit_sum(24),
 }
 
 

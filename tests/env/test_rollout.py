@@ -154,15 +154,12 @@ def test_chunks_of_a_fixed_size_grow_by_whole_sizes_to_stay_within_the_parts() -
     ],
 )
 def test_solve_up_to_delegates_only_what_is_longer_at_every_depth(terms, depth, parts, shape):
+    from selfcest_env.tasks.math.arithmetic import digit_sum
+
     def sums():
         env = gym.make(
             "SelfCest-Math-v0",
-            min_operators=terms - 1,
-            max_operators=terms - 1,
-            min_operand_digits=1,
-            max_operand_digits=1,
-            operator_weights={"+": 1},
-            paren_probability=0.0,
+            **digit_sum(terms),
             max_depth=depth,
             max_new_tokens=None,
             max_clones_per_call=parts,
