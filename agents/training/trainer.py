@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -160,6 +161,22 @@ class TrainResult:
     evaluations: list[dict[str, str]] = field(default_factory=list)
 
 
+#: Primitives oneDNN keeps cached when bfloat16 training passes run on a CPU (its default is
+#: 1,024). Autocast matrix products go through oneDNN, which builds and caches a primitive for
+#: every new shape, and training batches come in many lengths: with the default cache, 40
+#: imitation batches of the default model grew the process from 4.1 to 5.0 GB, and a GRPO run
+#: reached 14.7 GB by step 10 and was killed for memory; with 16 it stayed at 3.6 GB, about 5%
+#: slower (2026-12-05, this CPU).
+ONEDNN_CACHE_CAPACITY = 16
+
+
+def bound_onednn_cache(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
+    """Cap oneDNN's primitive cache at ``capacity`` unless ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``
+    is set already. oneDNN reads the variable once, when it first builds a primitive, so this
+    acts only before the process's first oneDNN operation (the trainer calls it first)."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(capacity))
+
+
 class GRPOTrainer:
     """Trains a clone controller as :class:`TrainConfig` says (see the module docstring)."""
 
@@ -231,6 +248,8 @@ class GRPOTrainer:
     def _set_threads(self) -> None:
         if resolve_device(self.config.model.device) == "cpu":
             torch.set_num_threads(self.config.model.num_threads or default_cpu_threads())
+            if self.config.model.bf16:
+                bound_onednn_cache()
 
     def _build(self) -> Policy:
         section = self.config.model

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import gc
 import json
+import os
 from dataclasses import fields, is_dataclass
 
 import pytest
@@ -562,3 +563,19 @@ def test_the_depth2_recipes_teacher_fits_its_limits_and_nests_by_length():
         assert terms in lengths[trace.meters["max_depth"]], (terms, trace.meters["max_depth"])
         seen.add(trace.meters["max_depth"])
     assert seen == {0, 1, 2}
+
+
+def test_bf16_training_on_cpu_bounds_onednn_primitive_cache(tmp_path, monkeypatch):
+    """bf16 passes build a oneDNN primitive per batch shape; the trainer caps the cache (a GRPO
+    run grew to 14.7 GB without it) unless the user set the variable."""
+    from selfcest_env.agents.training.trainer import ONEDNN_CACHE_CAPACITY
+
+    variable = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+    monkeypatch.delenv(variable, raising=False)
+    GRPOTrainer(tiny_config(tmp_path / "fp32"))._set_threads()
+    assert variable not in os.environ
+    GRPOTrainer(tiny_config(tmp_path / "bf16", **{"model.bf16": True}))._set_threads()
+    assert os.environ[variable] == str(ONEDNN_CACHE_CAPACITY)
+    monkeypatch.setenv(variable, "256")
+    GRPOTrainer(tiny_config(tmp_path / "mine", **{"model.bf16": True}))._set_threads()
+    assert os.environ[variable] == "256"
