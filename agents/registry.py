@@ -41,6 +41,9 @@ AGENTS: dict[str, str] = {
     "clone-controller-delegate": (
         "selfcest_env.agents.trained_controller:TrainedDelegateControllerAgent"
     ),
+    "clone-controller-depth2": (
+        "selfcest_env.agents.trained_controller:TrainedDepth2ControllerAgent"
+    ),
     "apr": "selfcest_env.agents.parallel_grammars:AprAgent",
     "threadweaver": "selfcest_env.agents.parallel_grammars:ThreadWeaverAgent",
     "parallel-r1": "selfcest_env.agents.parallel_grammars:ParallelR1Agent",

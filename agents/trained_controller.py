@@ -36,6 +36,8 @@ from selfcest_env.rollout import ContextView
 BUNDLED_ADAPTER = "clone-controller-smollm2"
 #: Folder name of ``clone-controller-delegate``'s adapter.
 BUNDLED_DELEGATE_ADAPTER = "clone-controller-smollm2-delegate"
+#: The bundled adapter of ``smollm2-depth2`` (two levels of clones).
+BUNDLED_DEPTH2_ADAPTER = "clone-controller-smollm2-depth2"
 
 
 def bundled_adapter_dir(name: str = BUNDLED_ADAPTER) -> Path:
@@ -161,4 +163,24 @@ class TrainedDelegateControllerAgent(TrainedCloneControllerAgent):
         TrainedCloneControllerAgent.info,
         description="the clone controller with the bundled LoRA adapter trained to delegate "
         "long digit sums (default model)",
+    )
+
+
+class TrainedDepth2ControllerAgent(TrainedCloneControllerAgent):
+    """The clone controller taught to delegate two levels deep (``smollm2-depth2``).
+
+    Every context, the root's and its clones', works a sum of up to six digits out itself and
+    hands a longer one to two clones (six terms each, or twelve where two sixes would not hold
+    it): a 24-digit sum goes to two clones of twelve, which each start two clones of six. It
+    plays with ``max_depth=2`` by default; play it as it was trained, at a 128-token turn cap
+    with ``max_clones_per_call=2``. The adapter's README has its evaluation.
+    """
+
+    name = "clone-controller-depth2"
+    bundled_adapter: ClassVar[str] = BUNDLED_DEPTH2_ADAPTER
+    info = replace(
+        TrainedCloneControllerAgent.info,
+        defaults={**TrainedCloneControllerAgent.info.defaults, "max_depth": 2},
+        description="the clone controller with the bundled LoRA adapter trained to delegate "
+        "long digit sums two levels deep (default model)",
     )

@@ -41,6 +41,7 @@ from selfcest_env.agents.backends.default_model import default_cpu_threads, reso
 from selfcest_env.agents.base import SamplingConfig
 from selfcest_env.agents.clone_controller import CloneControllerAgent
 from selfcest_env.agents.training.checkpoints import (
+    WEIGHTS,
     CsvLog,
     checkpoint_folders,
     freeze_start_as_reference,
@@ -505,6 +506,41 @@ class GRPOTrainer:
         final = self.out / "final"
         self.policy.export(final)
         return TrainResult(self.out, config.optim.steps, final, self.eval_log.rows())
+
+
+def export_checkpoint(config: TrainConfig, step: int, dest: str | Path) -> Path:
+    """Write checkpoint ``step`` of the run folder ``config.out`` to ``dest`` as ``final/``
+    holds a finished run (the LoRA adapter or the model, and the tokenizer): how an earlier
+    point of a run, e.g. step 0 after imitation, becomes an adapter agents can load. With the
+    default model the adapter's base model path is its name, not this machine's cache path.
+
+    Raises:
+        ConfigError: the run folder has no checkpoint ``step`` (the message lists those kept).
+    """
+    trainer = GRPOTrainer(config)
+    folder = trainer.out / "checkpoints" / f"step-{step:06d}"
+    if not (folder / WEIGHTS).is_file():
+        kept = ", ".join(
+            str(int(f.name.removeprefix("step-"))) for f in checkpoint_folders(trainer.out)
+        )
+        raise ConfigError(
+            f"{trainer.out} has no checkpoint of step {step}; it keeps steps: {kept or 'none'}"
+        )
+    from safetensors.torch import load_file
+
+    trainer._set_threads()
+    policy = trainer._build()
+    policy.load_trainable_state(load_file(str(folder / WEIGHTS)))
+    target = Path(dest)
+    policy.export(target)
+    adapter_config = target / "adapter_config.json"
+    if config.model.name is None and adapter_config.is_file():
+        from selfcest_env.agents.backends.default_model import DEFAULT_MODEL_NAME
+
+        saved = json.loads(adapter_config.read_text())
+        saved["base_model_name_or_path"] = DEFAULT_MODEL_NAME
+        adapter_config.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    return target
 
 
 def train(config: TrainConfig) -> TrainResult:

@@ -40,7 +40,8 @@ def _epilog() -> str:
         "examples:\n"
         "  selfcest train --recipe laptop\n"
         "  selfcest train --recipe smollm2 --out runs/my-run --set optim.steps=10\n"
-        "  selfcest train --config my.yaml --set credit.rule=shared --set eval.splits=[test]\n\n"
+        "  selfcest train --config my.yaml --set credit.rule=shared --set eval.splits=[test]\n"
+        "  selfcest train --recipe smollm2-depth2 --out runs/d2 --export-step 0 --to d2-start\n\n"
         "config keys (YAML or JSON file of sections; every key optional):\n" + describe_config()
     )
 
@@ -73,6 +74,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bars (tqdm, on stderr)"
     )
+    parser.add_argument(
+        "--export-step",
+        type=int,
+        default=None,
+        metavar="N",
+        help="instead of training: write checkpoint N of the run folder (0: after the warm "
+        "start) to --to as final/ would hold it (the adapter or model, and the tokenizer)",
+    )
+    parser.add_argument("--to", default=None, metavar="DEST", help="where --export-step writes")
     parser.set_defaults(func=command)
     return parser
 
@@ -83,8 +93,10 @@ def command(args: argparse.Namespace, terminal: Terminal) -> int:
     Raises:
         SettingsError: a bad config (reported as one error line, exit code 2).
     """
-    from selfcest_env.agents.training.trainer import train
+    from selfcest_env.agents.training.trainer import export_checkpoint, train
 
+    if (args.export_step is None) != (args.to is None):
+        raise SettingsError("--export-step and --to go together: the step and where it goes")
     overrides = list(args.overrides)
     if args.out is not None:
         overrides.append(f"out={args.out}")
@@ -92,6 +104,10 @@ def command(args: argparse.Namespace, terminal: Terminal) -> int:
         overrides.append("progress=false")
     try:
         config = load_config(args.config, args.recipe, overrides)
+        if args.export_step is not None:
+            target = export_checkpoint(config, args.export_step, args.to)
+            terminal.say([f"{config.out}: checkpoint of step {args.export_step} in {target}"])
+            return 0
         result = train(config)
     except ConfigError as error:
         raise SettingsError(str(error)) from error

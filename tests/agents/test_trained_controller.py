@@ -8,7 +8,11 @@ import gymnasium as gym
 import pytest
 
 from selfcest_env.agents.registry import agent_names, make_agent
-from selfcest_env.agents.trained_controller import BUNDLED_DELEGATE_ADAPTER, bundled_adapter_dir
+from selfcest_env.agents.trained_controller import (
+    BUNDLED_DELEGATE_ADAPTER,
+    BUNDLED_DEPTH2_ADAPTER,
+    bundled_adapter_dir,
+)
 from selfcest_env.rollout import episode_specs, run_episodes
 
 
@@ -47,6 +51,18 @@ def test_bundled_delegating_adapter_ships_with_its_provenance():
     assert "selfcest train --recipe smollm2-delegate" in (folder / "README.md").read_text()
 
 
+def test_bundled_depth2_adapter_ships_with_its_provenance():
+    folder = bundled_adapter_dir(BUNDLED_DEPTH2_ADAPTER)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 16
+    assert config["base_model_name_or_path"] == "SmolLM2-135M-Instruct"
+    made_by = json.loads((folder / "train_config.json").read_text())
+    assert made_by["env"]["max_depth"] == 2 and made_by["imitation"]["solve_up_to"] == 6
+    for name in ("adapter_model.safetensors", "train_log.csv", "eval_log.csv", "README.md"):
+        assert (folder / name).is_file()
+    assert "selfcest train --recipe smollm2-depth2" in (folder / "README.md").read_text()
+
+
 def test_registry_builds_it_without_loading_a_model(tmp_path):
     assert "clone-controller-trained" in agent_names()
     agent = make_agent("clone-controller-trained", NamedBackend(), max_new_tokens=16)
@@ -56,6 +72,10 @@ def test_registry_builds_it_without_loading_a_model(tmp_path):
         make_agent("clone-controller-trained", NamedBackend("openai", "gpt"))
     with pytest.raises(ValueError, match="not a LoRA adapter folder"):
         make_agent("clone-controller-trained", NamedBackend(), adapter=str(tmp_path))
+    depth2 = make_agent("clone-controller-depth2", NamedBackend())
+    assert depth2.adapter == bundled_adapter_dir(BUNDLED_DEPTH2_ADAPTER)
+    assert depth2.env_overrides() == {"max_depth": 2}
+    assert make_agent("clone-controller-depth2", NamedBackend(), max_depth=1).max_depth == 1
     delegate = make_agent("clone-controller-delegate", NamedBackend())
     assert delegate.adapter == bundled_adapter_dir(BUNDLED_DELEGATE_ADAPTER)
     assert delegate.config_dict()["model"] == (
@@ -139,3 +159,39 @@ def test_delegating_controller_hands_long_sums_to_clones():
     assert spawned["clone-controller"] == 0 and correct["clone-controller"] == 0
     # Measured here: 4 of 8 spawned, 4 of 8 right (margin left for other machines' floats).
     assert spawned["clone-controller-delegate"] >= 2 and correct["clone-controller-delegate"] >= 1
+
+
+@pytest.mark.slow
+def test_depth2_controller_nests_clones_on_long_sums_and_not_on_short_ones():
+    """On sums of 24 digits at the 128-token cap it was trained at, with two clones per call,
+    the depth-2 controller's clones start clones of their own; on sums of 2-4 digits it spawns
+    nothing."""
+    from selfcest_env.agents.backends.transformers_backend import TransformersBackend
+    from selfcest_env.tasks.math.arithmetic import digit_sum
+
+    backend = TransformersBackend(num_threads=1, batch_size=8)
+    agent = make_agent("clone-controller-depth2", backend, max_new_tokens=128)
+    results = {}
+    for terms in (3, 24):
+        results[terms] = list(
+            run_episodes(
+                lambda terms=terms: (
+                    gym.make(
+                        "SelfCest-Math-v0",
+                        **digit_sum(terms),
+                        max_clones_per_call=2,
+                        tokenizer=backend.tokenizer,
+                        **agent.env_overrides(),
+                    ).unwrapped
+                ),
+                agent,
+                episode_specs(range(8)),
+                parallel=8,
+                progress=False,
+            )
+        )
+    backend.close()
+    assert all(r.meters["clones"] == 0 for r in results[3])
+    assert sum(r.score == 1 for r in results[3]) >= 6
+    nested = sum(r.meters["max_depth"] == 2 for r in results[24])
+    assert nested >= 4 and sum(r.score == 1 for r in results[24]) >= 1

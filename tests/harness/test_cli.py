@@ -331,6 +331,7 @@ def test_registry_names_and_errors() -> None:
         "scripted-qa-delegate",
         "clone-controller-trained",
         "clone-controller-delegate",
+        "clone-controller-depth2",
         "apr",
         "threadweaver",
         "parallel-r1",

@@ -579,3 +579,37 @@ def test_bf16_training_on_cpu_bounds_onednn_primitive_cache(tmp_path, monkeypatc
     monkeypatch.setenv(variable, "256")
     GRPOTrainer(tiny_config(tmp_path / "mine", **{"model.bf16": True}))._set_threads()
     assert os.environ[variable] == "256"
+
+
+@pytest.mark.slow
+def test_a_checkpoint_is_exported_as_an_adapter(tmp_path, capsys):
+    """``selfcest train --export-step N --to DEST`` writes checkpoint N as final/ holds a run:
+    the adapter (its weights those of the checkpoint) and the tokenizer; a step the run folder
+    does not keep is a one-line error naming the steps it keeps."""
+    import torch
+    from safetensors.torch import load_file
+
+    from selfcest_env.agents.training.checkpoints import START, WEIGHTS
+    from tests.harness.test_cli import run_cli
+
+    config = small_lora_run(tmp_path, "run", steps=2)
+    GRPOTrainer(config).run()
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(config.to_dict()))
+    dest = tmp_path / "start"
+    assert (
+        run_cli("train", "--config", str(config_file), "--export-step", "0", "--to", str(dest)) == 0
+    )
+    assert "checkpoint of step 0" in capsys.readouterr().out
+    exported = adapter_weights(dest)
+    start = load_file(str(tmp_path / "run" / "checkpoints" / START / WEIGHTS))
+    assert set(exported) == set(start)
+    assert all(torch.equal(exported[name], start[name]) for name in start)
+    assert (dest / "tokenizer_config.json").is_file()
+    saved = json.loads((dest / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == str(tmp_path / "small-llama")  # not the default
+    code = run_cli("train", "--config", str(config_file), "--export-step", "7", "--to", str(dest))
+    err = capsys.readouterr().err
+    assert code == 2 and "has no checkpoint of step 7; it keeps steps: 0, 1, 2" in err
+    assert run_cli("train", "--config", str(config_file), "--export-step", "0") == 2
+    assert "--export-step and --to go together" in capsys.readouterr().err
