@@ -126,6 +126,23 @@ def test_trained_controller_answers_shorter_than_the_untrained_one():
     assert adapted.model is None and adapted.engine is None
 
 
+def play_digit_sums(backend, agent, terms, clones_per_call, episodes=8):
+    """``episodes`` greedy episodes of ``agent`` on sums of ``terms`` single digits."""
+    from selfcest_env.tasks.math.arithmetic import digit_sum
+
+    def make_env():
+        return gym.make(
+            "SelfCest-Math-v0",
+            **digit_sum(terms),
+            max_clones_per_call=clones_per_call,
+            tokenizer=backend.tokenizer,
+            **agent.env_overrides(),
+        ).unwrapped
+
+    specs = episode_specs(range(episodes))
+    return list(run_episodes(make_env, agent, specs, parallel=episodes, progress=False))
+
+
 @pytest.mark.slow
 def test_delegating_controller_hands_long_sums_to_clones():
     """On sums of 16 digits at the 96-token cap it was trained at, the delegating controller
@@ -136,23 +153,7 @@ def test_delegating_controller_hands_long_sums_to_clones():
     results = {}
     for name in ("clone-controller", "clone-controller-delegate"):
         agent = make_agent(name, backend, max_new_tokens=96)
-        results[name] = list(
-            run_episodes(
-                lambda agent=agent: (
-                    gym.make(
-                        "SelfCest-Math-v0",
-                        preset="long-sum",
-                        max_clones_per_call=4,
-                        tokenizer=backend.tokenizer,
-                        **agent.env_overrides(),
-                    ).unwrapped
-                ),
-                agent,
-                episode_specs(range(8)),
-                parallel=8,
-                progress=False,
-            )
-        )
+        results[name] = play_digit_sums(backend, agent, 16, clones_per_call=4)
     backend.close()
     spawned = {name: sum(r.meters["clones"] > 0 for r in rs) for name, rs in results.items()}
     correct = {name: sum(r.score == 1 for r in rs) for name, rs in results.items()}
@@ -167,30 +168,14 @@ def test_depth2_controller_nests_clones_on_long_sums_and_not_on_short_ones():
     the depth-2 controller's clones start clones of their own; on sums of 2-4 digits it spawns
     nothing."""
     from selfcest_env.agents.backends.transformers_backend import TransformersBackend
-    from selfcest_env.tasks.math.arithmetic import digit_sum
 
     backend = TransformersBackend(num_threads=1, batch_size=8)
     agent = make_agent("clone-controller-depth2", backend, max_new_tokens=128)
-    results = {}
-    for terms in (3, 24):
-        results[terms] = list(
-            run_episodes(
-                lambda terms=terms: (
-                    gym.make(
-                        "SelfCest-Math-v0",
-                        **digit_sum(terms),
-                        max_clones_per_call=2,
-                        tokenizer=backend.tokenizer,
-                        **agent.env_overrides(),
-                    ).unwrapped
-                ),
-                agent,
-                episode_specs(range(8)),
-                parallel=8,
-                progress=False,
-            )
-        )
+    results = {
+        terms: play_digit_sums(backend, agent, terms, clones_per_call=2) for terms in (3, 24)
+    }
     backend.close()
+    # Measured here: 8 of 8 short sums right without a clone; 24 digits: 8 of 8 nested, 6 right.
     assert all(r.meters["clones"] == 0 for r in results[3])
     assert sum(r.score == 1 for r in results[3]) >= 6
     nested = sum(r.meters["max_depth"] == 2 for r in results[24])
