@@ -38,29 +38,32 @@ def test_bundled_adapter_ships_with_its_provenance():
     assert "selfcest train --recipe smollm2" in (folder / "README.md").read_text()
 
 
-def test_bundled_delegating_adapter_ships_with_its_provenance():
-    folder = bundled_adapter_dir(BUNDLED_DELEGATE_ADAPTER)
+@pytest.mark.parametrize(
+    ("adapter", "recipe", "settings"),
+    [
+        (BUNDLED_DELEGATE_ADAPTER, "smollm2-delegate", {("env", "args", "max_clones_per_call"): 4}),
+        (
+            BUNDLED_DEPTH2_ADAPTER,
+            "smollm2-depth2",
+            {("env", "max_depth"): 2, ("imitation", "solve_up_to"): 6},
+        ),
+    ],
+)
+def test_bundled_rank16_adapters_ship_with_their_provenance(adapter, recipe, settings):
+    folder = bundled_adapter_dir(adapter)
     config = json.loads((folder / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 16
     assert config["base_model_name_or_path"] == "SmolLM2-135M-Instruct"
     made_by = json.loads((folder / "train_config.json").read_text())
     assert made_by["model"]["finetune"] == "lora" and made_by["model"]["name"] is None
-    assert made_by["env"]["args"]["max_clones_per_call"] == 4
+    for path, value in settings.items():
+        found = made_by
+        for key in path:
+            found = found[key]
+        assert found == value, path
     for name in ("adapter_model.safetensors", "train_log.csv", "eval_log.csv", "README.md"):
         assert (folder / name).is_file()
-    assert "selfcest train --recipe smollm2-delegate" in (folder / "README.md").read_text()
-
-
-def test_bundled_depth2_adapter_ships_with_its_provenance():
-    folder = bundled_adapter_dir(BUNDLED_DEPTH2_ADAPTER)
-    config = json.loads((folder / "adapter_config.json").read_text())
-    assert config["peft_type"] == "LORA" and config["r"] == 16
-    assert config["base_model_name_or_path"] == "SmolLM2-135M-Instruct"
-    made_by = json.loads((folder / "train_config.json").read_text())
-    assert made_by["env"]["max_depth"] == 2 and made_by["imitation"]["solve_up_to"] == 6
-    for name in ("adapter_model.safetensors", "train_log.csv", "eval_log.csv", "README.md"):
-        assert (folder / name).is_file()
-    assert "selfcest train --recipe smollm2-depth2" in (folder / "README.md").read_text()
+    assert f"selfcest train --recipe {recipe} " in (folder / "README.md").read_text()
 
 
 def test_registry_builds_it_without_loading_a_model(tmp_path):
