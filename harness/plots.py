@@ -66,6 +66,14 @@ def save_figure(
     return written
 
 
+def agent_styles(plt: Any, agents: Iterable[Any]) -> dict[str, tuple[Any, str]]:
+    """``{agent: (colour, marker)}``, one of each per agent in name order, the same in every
+    figure drawn from one table."""
+    names = sorted({str(agent) for agent in agents})
+    cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    return {a: (cmap(i % cmap.N), _MARKERS[i % len(_MARKERS)]) for i, a in enumerate(names)}
+
+
 def _group_slug(values: Iterable[Any]) -> str:
     return "__".join(safe_name(str(v)) for v in values)
 
@@ -99,9 +107,7 @@ def plot_leaderboard(
     if df.empty:
         logger.warning("plot_leaderboard: empty leaderboard, nothing plotted")
         return []
-    agents = sorted(df["agent"].astype(str).unique())
-    cmap = plt.get_cmap("tab10" if len(agents) <= 10 else "tab20")
-    style = {a: (cmap(i % cmap.N), _MARKERS[i % len(_MARKERS)]) for i, a in enumerate(agents)}
+    style = agent_styles(plt, df["agent"])
     written: list[Path] = []
     for key, group in df.groupby(list(GROUP_KEYS), sort=True):
         for meter in meters:
@@ -261,9 +267,7 @@ def plot_sweep(
         )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    agents = sorted(rows["agent"].astype(str).unique())
-    cmap = plt.get_cmap("tab10" if len(agents) <= 10 else "tab20")
-    style = {a: (cmap(i % cmap.N), _MARKERS[i % len(_MARKERS)]) for i, a in enumerate(agents)}
+    style = agent_styles(plt, rows["agent"])
     keys = ["env_id", "source", "split", "_family", "budget"]
     written: list[Path] = []
     for group_key, group in rows.groupby(keys, sort=True):
@@ -289,7 +293,6 @@ def plot_sweep(
             )
         if (group["_x"] > 0).all():
             ax.set_xscale("log")
-            ax.xaxis.set_major_formatter(_token_formatter()())
             ax.xaxis.set_minor_formatter(_token_formatter()(labelOnlyBase=False))
         ax.set_xticks(sorted(group["_x"].unique()))
         ax.set_xticklabels([format_tokens(x) for x in sorted(group["_x"].unique())])

@@ -69,6 +69,11 @@ def checkpoint_folders(out: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.name.startswith("step-"))
 
 
+def checkpoint_folder(out: Path, step: int) -> Path:
+    """Where the run folder ``out`` keeps checkpoint ``step``."""
+    return out / "checkpoints" / f"step-{step:06d}"
+
+
 def save_checkpoint(
     out: Path, step: int, policy: Policy, optimizer: torch.optim.Optimizer, keep: int
 ) -> None:
@@ -84,7 +89,7 @@ def save_checkpoint(
     save_file(policy.trainable_state(), str(tmp / WEIGHTS))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step}))
-    target = folder / f"step-{step:06d}"
+    target = checkpoint_folder(out, step)
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     for old in checkpoint_folders(out)[:-keep]:

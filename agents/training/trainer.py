@@ -43,6 +43,7 @@ from selfcest_env.agents.clone_controller import CloneControllerAgent
 from selfcest_env.agents.training.checkpoints import (
     WEIGHTS,
     CsvLog,
+    checkpoint_folder,
     checkpoint_folders,
     freeze_start_as_reference,
     load_checkpoint,
@@ -246,7 +247,8 @@ class GRPOTrainer:
         logger.info("trained a %d-token tokenizer into %s", len(tokenizer), folder)
         return tokenizer
 
-    def _set_threads(self) -> None:
+    def _configure_cpu(self) -> None:
+        """On a CPU: torch's threads, and with bf16 the bound on oneDNN's primitive cache."""
         if resolve_device(self.config.model.device) == "cpu":
             torch.set_num_threads(self.config.model.num_threads or default_cpu_threads())
             if self.config.model.bf16:
@@ -454,6 +456,40 @@ class GRPOTrainer:
             }
             self.evaluate("imitation", 0, logged)
 
+    def export_checkpoint(self, step: int, dest: str | Path) -> Path:
+        """Write checkpoint ``step`` of the run folder to ``dest`` as ``final/`` holds a
+        finished run (the LoRA adapter or the model, and the tokenizer): how an earlier point
+        of a run, e.g. step 0 after imitation, becomes an adapter agents can load. With the
+        default model the adapter's base model path is its name, not this machine's cache path.
+
+        Raises:
+            ConfigError: the run folder has no checkpoint ``step`` (the message lists those
+                kept).
+        """
+        from safetensors.torch import load_file
+
+        folder = checkpoint_folder(self.out, step)
+        if not (folder / WEIGHTS).is_file():
+            kept = ", ".join(
+                str(int(f.name.removeprefix("step-"))) for f in checkpoint_folders(self.out)
+            )
+            raise ConfigError(
+                f"{self.out} has no checkpoint of step {step}; it keeps steps: {kept or 'none'}"
+            )
+        self._configure_cpu()
+        policy = self._build()
+        policy.load_trainable_state(load_file(str(folder / WEIGHTS)))
+        target = Path(dest)
+        policy.export(target)
+        adapter_config = target / "adapter_config.json"
+        if self.config.model.name is None and adapter_config.is_file():
+            from selfcest_env.agents.backends.default_model import DEFAULT_MODEL_NAME
+
+            saved = json.loads(adapter_config.read_text())
+            saved["base_model_name_or_path"] = DEFAULT_MODEL_NAME
+            adapter_config.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+        return target
+
     def _save_checkpoint(self, step: int) -> None:
         assert self.policy is not None and self.optimizer is not None
         save_checkpoint(self.out, step, self.policy, self.optimizer, self.config.keep_checkpoints)
@@ -462,7 +498,7 @@ class GRPOTrainer:
         """Train (or resume) to ``optim.steps`` steps, evaluate, export ``final/``."""
         config = self.config
         self._check_out_folder()
-        self._set_threads()
+        self._configure_cpu()
         torch.manual_seed(config.seed)
         self.policy = self._build()
         checkpoints = checkpoint_folders(self.out)
@@ -509,38 +545,8 @@ class GRPOTrainer:
 
 
 def export_checkpoint(config: TrainConfig, step: int, dest: str | Path) -> Path:
-    """Write checkpoint ``step`` of the run folder ``config.out`` to ``dest`` as ``final/``
-    holds a finished run (the LoRA adapter or the model, and the tokenizer): how an earlier
-    point of a run, e.g. step 0 after imitation, becomes an adapter agents can load. With the
-    default model the adapter's base model path is its name, not this machine's cache path.
-
-    Raises:
-        ConfigError: the run folder has no checkpoint ``step`` (the message lists those kept).
-    """
-    trainer = GRPOTrainer(config)
-    folder = trainer.out / "checkpoints" / f"step-{step:06d}"
-    if not (folder / WEIGHTS).is_file():
-        kept = ", ".join(
-            str(int(f.name.removeprefix("step-"))) for f in checkpoint_folders(trainer.out)
-        )
-        raise ConfigError(
-            f"{trainer.out} has no checkpoint of step {step}; it keeps steps: {kept or 'none'}"
-        )
-    from safetensors.torch import load_file
-
-    trainer._set_threads()
-    policy = trainer._build()
-    policy.load_trainable_state(load_file(str(folder / WEIGHTS)))
-    target = Path(dest)
-    policy.export(target)
-    adapter_config = target / "adapter_config.json"
-    if config.model.name is None and adapter_config.is_file():
-        from selfcest_env.agents.backends.default_model import DEFAULT_MODEL_NAME
-
-        saved = json.loads(adapter_config.read_text())
-        saved["base_model_name_or_path"] = DEFAULT_MODEL_NAME
-        adapter_config.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
-    return target
+    """:meth:`GRPOTrainer.export_checkpoint` of the run ``config`` describes."""
+    return GRPOTrainer(config).export_checkpoint(step, dest)
 
 
 def train(config: TrainConfig) -> TrainResult:

@@ -572,12 +572,12 @@ def test_bf16_training_on_cpu_bounds_onednn_primitive_cache(tmp_path, monkeypatc
 
     variable = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
     monkeypatch.delenv(variable, raising=False)
-    GRPOTrainer(tiny_config(tmp_path / "fp32"))._set_threads()
+    GRPOTrainer(tiny_config(tmp_path / "fp32"))._configure_cpu()
     assert variable not in os.environ
-    GRPOTrainer(tiny_config(tmp_path / "bf16", **{"model.bf16": True}))._set_threads()
+    GRPOTrainer(tiny_config(tmp_path / "bf16", **{"model.bf16": True}))._configure_cpu()
     assert os.environ[variable] == str(ONEDNN_CACHE_CAPACITY)
     monkeypatch.setenv(variable, "256")
-    GRPOTrainer(tiny_config(tmp_path / "mine", **{"model.bf16": True}))._set_threads()
+    GRPOTrainer(tiny_config(tmp_path / "mine", **{"model.bf16": True}))._configure_cpu()
     assert os.environ[variable] == "256"
 
 
