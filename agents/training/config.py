@@ -155,6 +155,11 @@ class OptimSection:
     weight_decay: float = _help("AdamW weight decay", default=0.0)
     max_grad_norm: float = _help("gradient clipping norm (0: off)", default=1.0)
     micro_batch_size: int = _help("samples per forward/backward (gradient accumulation)", default=4)
+    micro_batch_tokens: int | None = _help(
+        "at most this many padded tokens per forward/backward (samples x the longest), which "
+        "bounds the logits' memory on long contexts; a longer sample goes alone (null: no bound)",
+        default=4096,
+    )
     updates_per_step: int = _help(
         "optimiser steps per batch of rollouts (mini-batches; >1 makes the clip bind)", default=1
     )
@@ -251,6 +256,9 @@ class TrainConfig:
             "optim.steps": self.optim.steps,
             "optim.micro_batch_size": self.optim.micro_batch_size,
             "optim.updates_per_step": self.optim.updates_per_step,
+            "optim.micro_batch_tokens": 1
+            if self.optim.micro_batch_tokens is None
+            else self.optim.micro_batch_tokens,
             "imitation.epochs": self.imitation.epochs,
             "imitation.micro_batch_size": self.imitation.micro_batch_size,
             "imitation.parts": self.imitation.parts,

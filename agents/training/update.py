@@ -3,7 +3,10 @@
 The pairs (zero advantages left out when ``optim.skip_zero_advantage``) are shuffled with a
 seed of the step and dealt into ``optim.updates_per_step`` mini-batches; each mini-batch is one
 optimiser step whose gradient is accumulated over micro-batches of the GRPO loss
-(:mod:`~selfcest_env.agents.training.grpo`), root and clone samples alike.
+(:mod:`~selfcest_env.agents.training.grpo`), root and clone samples alike. A micro-batch holds
+samples of similar length, at most ``optim.micro_batch_size`` of them and at most
+``optim.micro_batch_tokens`` padded tokens (:func:`micro_batches`): the logits of a batch of
+long contexts (depth-2 roots reading their clones' answers) are what fills memory.
 """
 
 from __future__ import annotations
@@ -51,6 +54,29 @@ def trained_pairs(
     return pairs
 
 
+def micro_batches(
+    pairs: Sequence[tuple[Sample, float]], size: int, max_tokens: int | None
+) -> list[list[tuple[Sample, float]]]:
+    """``pairs``, sorted by length, cut into micro-batches of at most ``size`` samples and,
+    unless ``max_tokens`` is ``None``, at most ``max_tokens`` padded tokens (the number of
+    samples times the longest); a sample longer than ``max_tokens`` forms one of its own."""
+    ordered = sorted(pairs, key=lambda pair: len(pair[0].prompt_ids) + len(pair[0].response_ids))
+    batches: list[list[tuple[Sample, float]]] = []
+    current: list[tuple[Sample, float]] = []
+    for pair in ordered:
+        length = len(pair[0].prompt_ids) + len(pair[0].response_ids)
+        full = len(current) >= size or (
+            max_tokens is not None and (len(current) + 1) * length > max_tokens
+        )
+        if current and full:
+            batches.append(current)
+            current = []
+        current.append(pair)
+    if current:
+        batches.append(current)
+    return batches
+
+
 def grpo_update(
     policy: Policy,
     optimizer: torch.optim.Optimizer,
@@ -73,12 +99,10 @@ def grpo_update(
     bf16 = config.model.bf16
     pad_id = policy.tokenizer.pad_token_id or 0
     for chunk in (c for c in chunks if c):
-        chunk.sort(key=lambda pair: len(pair[0].prompt_ids) + len(pair[0].response_ids))
         denominator = loss_denominator([s for s, _ in chunk], config.loss.aggregation)
         optimizer.zero_grad()
-        size = config.optim.micro_batch_size
-        for start in range(0, len(chunk), size):
-            micro = chunk[start : start + size]
+        optim = config.optim
+        for micro in micro_batches(chunk, optim.micro_batch_size, optim.micro_batch_tokens):
             batch = collate([s for s, _ in micro], [a for _, a in micro], pad_id)
             batch = batch.to(policy.device)
             stats.sequence_tokens += int(batch.attention_mask.sum())

@@ -613,3 +613,73 @@ def test_a_checkpoint_is_exported_as_an_adapter(tmp_path, capsys):
     assert code == 2 and "has no checkpoint of step 7; it keeps steps: 0, 1, 2" in err
     assert run_cli("train", "--config", str(config_file), "--export-step", "0") == 2
     assert "--export-step and --to go together" in capsys.readouterr().err
+
+
+def test_micro_batches_bound_samples_and_padded_tokens():
+    from selfcest_env.agents.training.samples import Sample
+    from selfcest_env.agents.training.update import micro_batches
+
+    def pair(length):
+        sample = Sample(
+            episode=0,
+            group=0,
+            context_id=0,
+            parent_id=-1,
+            root_id=0,
+            depth=0,
+            turn=None,
+            prompt_ids=[1] * (length - 1),
+            response_ids=[2],
+            response_mask=[1],
+            old_logprobs=[0.0],
+            reward=1.0,
+            root_reward=1.0,
+        )
+        return sample, 1.0
+
+    lengths = [50, 10, 400, 30, 20, 60, 5000, 40]
+    pairs = [pair(n) for n in lengths]
+    unbounded = micro_batches(pairs, 3, None)
+    assert [[len(s.prompt_ids) + 1 for s, _ in b] for b in unbounded] == [
+        [10, 20, 30],
+        [40, 50, 60],
+        [400, 5000],
+    ]
+    bounded = micro_batches(pairs, 3, 120)
+    for batch in bounded:
+        longest = max(len(s.prompt_ids) + 1 for s, _ in batch)
+        assert len(batch) <= 3 and (len(batch) * longest <= 120 or len(batch) == 1)
+    assert sorted(len(s.prompt_ids) + 1 for b in bounded for s, _ in b) == sorted(lengths)
+    assert [len(s.prompt_ids) + 1 for s, _ in bounded[-1]] == [5000]  # too long: alone
+    assert micro_batches([], 4, 100) == []
+
+
+def test_token_bounded_micro_batches_give_the_same_update(tmp_path):
+    """Splitting an update's micro-batches by a token budget changes only the summation order
+    of the accumulated gradient, not the step."""
+    import torch
+
+    from selfcest_env.agents.training.imitation import imitation_samples, scripted_traces
+    from selfcest_env.agents.training.update import grpo_update
+
+    results = []
+    for budget in (None, 60):
+        trainer = GRPOTrainer(
+            tiny_config(tmp_path / f"run-{budget}", **{"optim.micro_batch_tokens": budget})
+        )
+        trainer._check_out_folder()
+        torch.manual_seed(0)
+        trainer.policy = trainer._build()
+        trainer.policy.freeze_reference()
+        tokenizer = trainer.policy.tokenizer
+        traces = scripted_traces(trainer.make_env_factory("train", tokenizer), 3, parts=2)
+        samples = imitation_samples(traces, tokenizer)
+        for sample in samples:
+            sample.old_logprobs = [0.0] * len(sample.response_ids)
+        pairs = [(s, 1.0 if i % 2 else -1.0) for i, s in enumerate(samples)]
+        grpo_update(trainer.policy, trainer.optimizer, pairs, trainer.config, step=1)
+        results.append(trainer.policy.trainable_state())
+    whole, split = results
+    assert whole.keys() == split.keys()
+    for key in whole:
+        torch.testing.assert_close(whole[key], split[key], rtol=1e-4, atol=1e-6)
