@@ -44,6 +44,7 @@ AGENTS: dict[str, str] = {
     "clone-controller-depth2": (
         "selfcest_env.agents.trained_controller:TrainedDepth2ControllerAgent"
     ),
+    "clone-controller-qa": "selfcest_env.agents.trained_controller:TrainedQAControllerAgent",
     "apr": "selfcest_env.agents.parallel_grammars:AprAgent",
     "threadweaver": "selfcest_env.agents.parallel_grammars:ThreadWeaverAgent",
     "parallel-r1": "selfcest_env.agents.parallel_grammars:ParallelR1Agent",

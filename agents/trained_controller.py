@@ -1,13 +1,15 @@
 """The trained clone controllers: SmolLM2-135M-Instruct with a bundled trained LoRA adapter.
 
-Two adapters ship as package data under ``agents/trained/``, each made by this project's own
+Four adapters ship as package data under ``agents/trained/``, each made by this project's own
 training run: ``clone-controller-smollm2/`` (``selfcest train --recipe smollm2``, the agent
-``clone-controller-trained``) and ``clone-controller-smollm2-delegate/`` (the imitation warm
+``clone-controller-trained``), ``clone-controller-smollm2-delegate/`` (the imitation warm
 start of ``selfcest train --recipe smollm2-delegate``, the agent ``clone-controller-delegate``,
-which splits long digit sums between clones). Each folder holds the adapter weights,
-``train_config.json`` (the exact config), ``eval_log.csv`` and ``train_log.csv`` of its run and
-a README with the command. They load offline: the base model is the bundled default model,
-the adapter is read from the package.
+which splits long digit sums between clones), ``clone-controller-smollm2-depth2/`` (the agent
+``clone-controller-depth2``, two levels of clones) and ``clone-controller-smollm2-qa/`` (the
+agent ``clone-controller-qa``, which hands multi-hop questions' paragraphs to clones). Each
+folder holds the adapter weights, ``train_config.json`` (the exact config), ``eval_log.csv``
+and ``train_log.csv`` of its run and a README with the command. They load offline: the base
+model is the bundled default model, the adapter is read from the package.
 
 The agent is a :class:`~selfcest_env.agents.clone_controller.CloneControllerAgent` whose turns
 come from the base model with the adapter merged in. It is built from the default model's
@@ -38,6 +40,8 @@ BUNDLED_ADAPTER = "clone-controller-smollm2"
 BUNDLED_DELEGATE_ADAPTER = "clone-controller-smollm2-delegate"
 #: The bundled adapter of ``smollm2-depth2`` (two levels of clones).
 BUNDLED_DEPTH2_ADAPTER = "clone-controller-smollm2-depth2"
+#: The bundled adapter of ``smollm2-qa-delegate`` (multi-hop QA, paragraphs read by clones).
+BUNDLED_QA_ADAPTER = "clone-controller-smollm2-qa"
 
 
 def bundled_adapter_dir(name: str = BUNDLED_ADAPTER) -> Path:
@@ -183,4 +187,24 @@ class TrainedDepth2ControllerAgent(TrainedCloneControllerAgent):
         defaults={**TrainedCloneControllerAgent.info.defaults, "max_depth": 2},
         description="the clone controller with the bundled LoRA adapter trained to delegate "
         "long digit sums two levels deep (default model)",
+    )
+
+
+class TrainedQAControllerAgent(TrainedCloneControllerAgent):
+    """The clone controller taught to read multi-hop QA contexts through clones
+    (``smollm2-qa-delegate``).
+
+    The root sees the question and the paragraphs' keys only; it asks one clone per hop a
+    single-fact question with the key that answers it (comparisons: one clone per option in the
+    same round), then answers from what they return. Trained on 1-2 hop questions over 2,000
+    tokens of paragraphs at a 128-token turn cap with ``max_clones_per_call=4``. The adapter's
+    README has its evaluation.
+    """
+
+    name = "clone-controller-qa"
+    bundled_adapter: ClassVar[str] = BUNDLED_QA_ADAPTER
+    info = replace(
+        TrainedCloneControllerAgent.info,
+        description="the clone controller with the bundled LoRA adapter trained to hand "
+        "multi-hop questions' paragraphs to clones by key (default model)",
     )

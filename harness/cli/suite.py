@@ -18,9 +18,11 @@ from selfcest_env.harness.suites import builtin_suites, describe_suite, load_sui
 SUITE_OUTPUTS: tuple[str, str, str] = ("runs", "leaderboard.csv", "plots")
 
 _EPILOG = """\
-built-in suites: {builtin} (suite files shipped in selfcest_env.harness.suites; quick: the
-bundled model agents on easy arithmetic and easy synthetic QA at per-turn caps 32/64/128, plus
-the trained clone controller on arithmetic: 27 runs, 192 episodes).
+built-in suites: {builtin} (suite files shipped in selfcest_env.harness.suites). quick, the
+main job: the bundled model agents on easy arithmetic and easy synthetic QA, and a trained
+controller delegating 16-digit sums: 27 runs, 1,536 episodes, about 14 minutes on 2 cores.
+delegation: the trained clone controllers against the baselines on long digit sums, the easy
+preset and multi-hop QA over 1,000-16,000 tokens: 51 runs of 100 episodes, hours on 2 cores.
 
 suite file (YAML or JSON; a bare list of run entries also works):
   name: my-suite

@@ -30,8 +30,10 @@ Suite file schema (YAML or JSON; every key but ``runs`` / ``env`` / ``agents`` i
           self-consistency: {k: 4}
 
 An entry may override ``backend``, ``model`` and ``parallel`` too. Built-in suites are suite
-files in this package (``quick.yaml``: the bundled model agents on easy arithmetic and small
-synthetic multi-hop QA at three per-turn caps); :func:`load_suite` takes their names.
+files in this package (``quick.yaml``, the main job: the bundled model agents on easy arithmetic
+and easy synthetic QA, and a delegation variant; ``delegation.yaml``: the trained clone
+controllers against the baselines on long digit sums and multi-hop QA over long contexts);
+:func:`load_suite` takes their names.
 Files are read and checked by :mod:`selfcest_env.configfile`, the project's one typed loader.
 
 This module only describes suites; it never imports agents or backends (the runner does).

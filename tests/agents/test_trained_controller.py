@@ -11,6 +11,7 @@ from selfcest_env.agents.registry import agent_names, make_agent
 from selfcest_env.agents.trained_controller import (
     BUNDLED_DELEGATE_ADAPTER,
     BUNDLED_DEPTH2_ADAPTER,
+    BUNDLED_QA_ADAPTER,
     bundled_adapter_dir,
 )
 from selfcest_env.rollout import episode_specs, run_episodes
@@ -47,6 +48,11 @@ def test_bundled_adapter_ships_with_its_provenance():
             "smollm2-depth2",
             {("env", "max_depth"): 2, ("imitation", "solve_up_to"): 6},
         ),
+        (
+            BUNDLED_QA_ADAPTER,
+            "smollm2-qa-delegate",
+            {("env", "id"): "SelfCest-MultiHopQA-v0", ("env", "args", "context_tokens"): 2000},
+        ),
     ],
 )
 def test_bundled_rank16_adapters_ship_with_their_provenance(adapter, recipe, settings):
@@ -79,6 +85,9 @@ def test_registry_builds_it_without_loading_a_model(tmp_path):
     assert depth2.adapter == bundled_adapter_dir(BUNDLED_DEPTH2_ADAPTER)
     assert depth2.env_overrides() == {"max_depth": 2}
     assert make_agent("clone-controller-depth2", NamedBackend(), max_depth=1).max_depth == 1
+    qa = make_agent("clone-controller-qa", NamedBackend())
+    assert qa.adapter == bundled_adapter_dir(BUNDLED_QA_ADAPTER)
+    assert qa.env_overrides() == {"max_depth": 1}
     delegate = make_agent("clone-controller-delegate", NamedBackend())
     assert delegate.adapter == bundled_adapter_dir(BUNDLED_DELEGATE_ADAPTER)
     assert delegate.config_dict()["model"] == (
@@ -183,3 +192,39 @@ def test_depth2_controller_nests_clones_on_long_sums_and_not_on_short_ones():
     assert sum(r.score == 1 for r in results[3]) >= 6
     nested = sum(r.meters["max_depth"] == 2 for r in results[24])
     assert nested >= 4 and sum(r.score == 1 for r in results[24]) >= 1
+
+
+@pytest.mark.slow
+def test_qa_controller_reads_paragraphs_through_clones():
+    """On 1-2 hop questions over 2,000 tokens of paragraphs, where the root sees only the keys,
+    the QA controller asks clones about the paragraphs and answers from what they return; the
+    prompted controller answers without reading and gets nothing right."""
+    from selfcest_env.agents.backends.transformers_backend import TransformersBackend
+
+    backend = TransformersBackend(num_threads=1, batch_size=8)
+
+    def make_env(agent):
+        return lambda: (
+            gym.make(
+                "SelfCest-MultiHopQA-v0",
+                question_types=["compositional", "comparison"],
+                hops=[1, 2],
+                context_tokens=2000,
+                max_clones_per_call=4,
+                tokenizer=backend.tokenizer,
+                **agent.env_overrides(),
+            ).unwrapped
+        )
+
+    results = {}
+    for name in ("clone-controller", "clone-controller-qa"):
+        agent = make_agent(name, backend, max_new_tokens=128)
+        specs = episode_specs(range(8))
+        results[name] = list(
+            run_episodes(make_env(agent), agent, specs, parallel=8, progress=False)
+        )
+    backend.close()
+    spawned = {name: sum(r.meters["clones"] > 0 for r in rs) for name, rs in results.items()}
+    correct = {name: sum(r.score == 1 for r in rs) for name, rs in results.items()}
+    assert spawned["clone-controller"] == 0 and correct["clone-controller"] == 0
+    assert spawned["clone-controller-qa"] >= 6 and correct["clone-controller-qa"] >= 2

@@ -313,6 +313,42 @@ def test_quick_suite_shape() -> None:
     )
 
 
+def test_delegation_suite_shape() -> None:
+    """The delegation suite: 100+ held-out episodes per run; on math every agent at three caps
+    on the variant it plays, the trained controllers on a training-length variant, a longer one
+    and the easy preset; on QA a context sweep the sweep plot reads."""
+    from selfcest_env.agents.registry import agent_names
+    from selfcest_env.harness.plots import sweep_point
+
+    suite = load_suite("delegation")
+    assert all(e.episodes >= 100 and e.split == "test" for e in suite.runs)
+    assert {a for e in suite.runs for a in e.agents} <= set(agent_names())
+    caps: dict[tuple[str, str], set[int]] = {}
+    for entry in suite.runs:
+        assert entry.variant
+        for agent in entry.agents:
+            caps.setdefault((entry.variant, agent), set()).update(
+                budget["max_new_tokens"] for budget in entry.budgets()
+            )
+    math = {(v, a): c for (v, a), c in caps.items() if not v.startswith("qa")}
+    assert all(len(c) >= 3 for c in math.values())
+    for agent in ("clone-controller-delegate", "clone-controller-depth2", "monolithic"):
+        assert {v for v, a in math if a == agent} == {"long-sum", "longer-sum", "easy"}
+    assert {a for v, a in math if v == "long-sum"} >= {
+        "clone-controller",
+        "self-consistency",
+        "tree-of-thoughts",
+    }
+    sizes = {
+        sweep_point(v, "context_tokens")[0]
+        for v, a in caps
+        if a == "clone-controller-qa" and sweep_point(v, "context_tokens")
+    }
+    assert sizes == {1000.0, 2000.0, 8000.0, 16000.0}
+    assert len(caps["qa,context_tokens=2000", "clone-controller-qa"]) >= 3
+    assert all(("qa,context_tokens=" + str(n), "monolithic") in caps for n in (1000, 8000, 16000))
+
+
 # --------------------------------------------------------------------------------------------
 # Agent registry and the import rule
 
@@ -332,6 +368,7 @@ def test_registry_names_and_errors() -> None:
         "clone-controller-trained",
         "clone-controller-delegate",
         "clone-controller-depth2",
+        "clone-controller-qa",
         "apr",
         "threadweaver",
         "parallel-r1",
