@@ -152,6 +152,18 @@ class TrainedCloneControllerAgent(CloneControllerAgent):
         return super().act_batch(views)
 
 
+def _adapter_agent_info(trained_for: str, **defaults: Any) -> AgentInfo:
+    """The :class:`AgentInfo` of a trained controller with a bundled adapter: the trained clone
+    controller's, described as trained ``trained_for``, with ``defaults`` added."""
+    base = TrainedCloneControllerAgent.info
+    return replace(
+        base,
+        defaults={**base.defaults, **defaults},
+        description=f"the clone controller with the bundled LoRA adapter trained {trained_for} "
+        "(default model)",
+    )
+
+
 class TrainedDelegateControllerAgent(TrainedCloneControllerAgent):
     """The clone controller taught to delegate long digit sums (``smollm2-delegate``).
 
@@ -163,11 +175,7 @@ class TrainedDelegateControllerAgent(TrainedCloneControllerAgent):
 
     name = "clone-controller-delegate"
     bundled_adapter: ClassVar[str] = BUNDLED_DELEGATE_ADAPTER
-    info = replace(
-        TrainedCloneControllerAgent.info,
-        description="the clone controller with the bundled LoRA adapter trained to delegate "
-        "long digit sums (default model)",
-    )
+    info = _adapter_agent_info("to delegate long digit sums")
 
 
 class TrainedDepth2ControllerAgent(TrainedCloneControllerAgent):
@@ -182,12 +190,7 @@ class TrainedDepth2ControllerAgent(TrainedCloneControllerAgent):
 
     name = "clone-controller-depth2"
     bundled_adapter: ClassVar[str] = BUNDLED_DEPTH2_ADAPTER
-    info = replace(
-        TrainedCloneControllerAgent.info,
-        defaults={**TrainedCloneControllerAgent.info.defaults, "max_depth": 2},
-        description="the clone controller with the bundled LoRA adapter trained to delegate "
-        "long digit sums two levels deep (default model)",
-    )
+    info = _adapter_agent_info("to delegate long digit sums two levels deep", max_depth=2)
 
 
 class TrainedQAControllerAgent(TrainedCloneControllerAgent):
@@ -203,8 +206,4 @@ class TrainedQAControllerAgent(TrainedCloneControllerAgent):
 
     name = "clone-controller-qa"
     bundled_adapter: ClassVar[str] = BUNDLED_QA_ADAPTER
-    info = replace(
-        TrainedCloneControllerAgent.info,
-        description="the clone controller with the bundled LoRA adapter trained to hand "
-        "multi-hop questions' paragraphs to clones by key (default model)",
-    )
+    info = _adapter_agent_info("to hand multi-hop questions' paragraphs to clones by key")
