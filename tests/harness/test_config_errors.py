@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from selfcest_env.harness.leaderboard import read_leaderboard_csv
+from selfcest_env.harness.suites import builtin_suites
 from tests.harness.test_cli import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -227,7 +228,10 @@ def test_bad_suite_files(case: str, tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     cases = [
-        (["suite", str(tmp_path / "missing.yaml")], "not a built-in suite (quick) and not a file"),
+        (
+            ["suite", str(tmp_path / "missing.yaml")],
+            f"not a built-in suite ({', '.join(builtin_suites())}) and not a file",
+        ),
         (["leaderboard", str(tmp_path / "missing")], "is not a folder"),
         (["plot", str(tmp_path / "missing.csv")], "neither a leaderboard CSV nor a training run"),
         (["plot", str(tmp_path)], "holds no eval_log.csv: pass a `selfcest train` run folder"),
