@@ -85,7 +85,7 @@ def collate(
     advantages = [0.0] * len(samples) if advantages is None else list(advantages)
     if len(advantages) != len(samples):
         raise ValueError(f"{len(advantages)} advantages for {len(samples)} samples")
-    width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    width = max(s.length for s in samples)
     input_ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(samples), width), dtype=torch.long)
     mask = torch.zeros((len(samples), width - 1), dtype=torch.float32)

@@ -241,7 +241,7 @@ def imitate(
     total = per_epoch * section.epochs
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / total)
     device = next(model.parameters()).device
-    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    lengths = [s.length for s in samples]
     order = list(range(len(samples)))
     rng = random.Random(seed)
     losses: list[float] = []

@@ -98,6 +98,11 @@ class Sample:
         return self.parent_id == NO_PARENT
 
     @property
+    def length(self) -> int:
+        """Tokens of the whole sequence, prompt and response (its width in a batch)."""
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
     def trainable_tokens(self) -> int:
         """Number of response tokens the loss is taken on."""
         return sum(self.response_mask)

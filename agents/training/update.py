@@ -60,13 +60,12 @@ def micro_batches(
     """``pairs``, sorted by length, cut into micro-batches of at most ``size`` samples and,
     unless ``max_tokens`` is ``None``, at most ``max_tokens`` padded tokens (the number of
     samples times the longest); a sample longer than ``max_tokens`` forms one of its own."""
-    ordered = sorted(pairs, key=lambda pair: len(pair[0].prompt_ids) + len(pair[0].response_ids))
+    ordered = sorted(pairs, key=lambda pair: pair[0].length)
     batches: list[list[tuple[Sample, float]]] = []
     current: list[tuple[Sample, float]] = []
     for pair in ordered:
-        length = len(pair[0].prompt_ids) + len(pair[0].response_ids)
         full = len(current) >= size or (
-            max_tokens is not None and (len(current) + 1) * length > max_tokens
+            max_tokens is not None and (len(current) + 1) * pair[0].length > max_tokens
         )
         if current and full:
             batches.append(current)
