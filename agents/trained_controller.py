@@ -15,8 +15,9 @@ The agent is a :class:`~selfcest_env.agents.clone_controller.CloneControllerAgen
 come from the base model with the adapter merged in. It is built from the default model's
 transformers backend (the one the CLI shares between agents) and loads its own merged copy of
 the model the first time it acts, so describing a run (its spec) loads nothing. The copy is kept
-with that backend (``TransformersBackend.derived``): the runs of a suite that use the same
-adapter share it.
+with that backend (``TransformersBackend.derived``), with its settings and its slot cache: the
+runs of a suite that use the same adapter share the copy, and every copy shares the one KV
+cache budget of the backend.
 """
 
 from __future__ import annotations
@@ -134,15 +135,11 @@ class TrainedCloneControllerAgent(CloneControllerAgent):
         if not isinstance(base, TransformersBackend):
             raise TypeError(f"{self.name} needs a TransformersBackend, got {type(base).__name__}")
 
-        def build() -> TransformersBackend:
-            model, tokenizer = load_adapted_model(self.adapter, device=str(base.device))
-            adapted = TransformersBackend(
-                hf_model=model, hf_tokenizer=tokenizer, batch_size=base.config.batch_size
-            )
-            adapted.model_name = f"{self._base_model_name}+{self.adapter.name}"
-            return adapted
-
-        self.backend = base.derived(f"lora-adapter:{self.adapter.resolve()}", build)
+        self.backend = base.derived(
+            f"lora-adapter:{self.adapter.resolve()}",
+            lambda: load_adapted_model(self.adapter, device=str(base.device)),
+            name=f"{self._base_model_name}+{self.adapter.name}",
+        )
         self._loaded = True
 
     def act_batch(self, views: Sequence[ContextView]) -> list[Action]:

@@ -18,12 +18,13 @@ sequence (:mod:`.decoder`, :mod:`.attention`) and each job samples from its own 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .attention import prefill_plan
+from .attention import PrefillPlan, diagonal_mask
 from .decoder import Decoder, Step, aligned
 from .prefix_cache import BlockKey, PrefixCache, SlotCache
 from .sampling import sample_tokens
@@ -55,6 +56,16 @@ class Job:
     def prefilling(self) -> bool:
         """Whether prompt tokens are still to be run through the model."""
         return self.done < len(self.prompt)
+
+
+class SlotStore:
+    """The slot cache of one or more engines that take turns: engines given the same store
+    (a backend and the copies derived from it) run one at a time and share one cache, so one
+    ``kv_cache_bytes`` budget bounds them all. A cache of another shape is replaced."""
+
+    def __init__(self) -> None:
+        self.cache: SlotCache | None = None
+        self.lock = threading.Lock()
 
 
 def sample_jobs(
@@ -113,17 +124,19 @@ class Engine:
         eos_ids: set[int],
         stopped: Callable[[Job], bool],
         raw_logprobs: bool,
+        store: SlotStore | None = None,
     ) -> None:
         self.decoder = decoder
         self.prefix_cache = prefix_cache
         self.max_slots = slots
         self.prefill_tokens = prefill_tokens
         self.block = block
+        self.diagonal = diagonal_mask(block, decoder.group, decoder.device)
         self.kv_cache_bytes = kv_cache_bytes
         self.eos_ids = eos_ids
         self.stopped = stopped
         self.raw_logprobs = raw_logprobs
-        self.cache: SlotCache | None = None
+        self.store = store or SlotStore()
         self.steps = 0  #: forward passes run
 
     def run(self, jobs: Sequence[Job]) -> None:
@@ -132,11 +145,11 @@ class Engine:
 
         if not jobs:
             return
-        cache = self._cache_for(jobs)
-        free = list(range(min(cache.slots, len(jobs))))[::-1]
-        waiting = deque(jobs)
-        running: list[Job] = []
-        with torch.inference_mode():
+        with self.store.lock, torch.inference_mode():
+            cache = self._cache_for(jobs)
+            free = list(range(min(cache.slots, len(jobs))))[::-1]
+            waiting = deque(jobs)
+            running: list[Job] = []
             while waiting or running:
                 self._admit(waiting, running, free, cache)
                 for job in self._step(running, cache):
@@ -144,22 +157,34 @@ class Engine:
                     free.append(job.slot)
 
     def _cache_for(self, jobs: Sequence[Job]) -> SlotCache:
-        """The slot cache, reused when it is large enough, else made anew (with as many slots
-        as ``kv_cache_bytes`` allows at the capacity these jobs need)."""
+        """The store's slot cache, reused when it has this decoder's shape and is large enough,
+        else made anew (with as many slots as ``kv_cache_bytes`` allows at the capacity these
+        jobs need)."""
         decoder = self.decoder
         need = max(len(job.prompt) + job.cap for job in jobs)
         capacity = -(-need // self.block) * self.block
         per_slot = decoder.kv_bytes_per_position * capacity
         slots = max(1, min(self.max_slots, len(jobs), self.kv_cache_bytes // per_slot))
-        cache = self.cache
-        if cache is not None and cache.capacity >= capacity and cache.slots >= slots:
+        cache, store = self.store.cache, self.store
+        if (
+            cache is not None
+            and cache.fits(
+                decoder.layer_count,
+                decoder.kv_heads,
+                decoder.head_dim,
+                decoder.dtype,
+                decoder.device,
+            )  # fmt: skip
+            and cache.capacity >= capacity
+            and cache.slots >= slots
+        ):
             return cache
-        self.cache = None  # free the old one before allocating
-        self.cache = SlotCache(
+        store.cache = None  # free the old one before allocating
+        store.cache = SlotCache(
             decoder.layer_count, slots, decoder.kv_heads, capacity, decoder.head_dim,
             decoder.dtype, decoder.device,
         )  # fmt: skip
-        return self.cache
+        return store.cache
 
     def _admit(
         self, waiting: deque[Job], running: list[Job], free: list[int], cache: SlotCache
@@ -211,9 +236,9 @@ class Engine:
                 continue
             count = min(len(job.prompt) - job.done, budget)
             budget -= count
-            plans.append(prefill_plan(
-                job.slot, job.done, len(tokens), count, self.block, self.decoder.group, device
-            ))  # fmt: skip
+            plans.append(
+                PrefillPlan(job.slot, job.done, len(tokens), count, self.block, self.diagonal)
+            )
             tokens.extend(job.prompt[job.done : job.done + count])
             positions.extend(range(job.done, job.done + count))
             slots.extend([job.slot] * count)

@@ -49,6 +49,14 @@ class SlotCache:
         """The most positions a sequence may use."""
         return self.keys.shape[3]
 
+    def fits(self, layers: int, kv_heads: int, dim: int, dtype: Any, device: Any) -> bool:
+        """Whether this cache holds the keys of a model of ``layers`` layers of ``kv_heads``
+        key-value heads of ``dim`` dimensions, in ``dtype`` on ``device``."""
+        keys = self.keys
+        return (keys.shape[0], keys.shape[2], keys.shape[4], keys.dtype, keys.device) == (
+            layers, kv_heads, dim, dtype, device,
+        )  # fmt: skip
+
 
 @dataclass
 class PrefixMatch:

@@ -38,7 +38,7 @@ from .default_model import (
     load_model,
     resolve_device,
 )
-from .engine import Engine, Job
+from .engine import Engine, Job, SlotStore
 from .forward_loop import ForwardLoop
 from .prefix_cache import PrefixCache
 
@@ -104,10 +104,13 @@ class TransformersBackend(Backend):
         decoder: Literal["auto", "engine", "forward"] = "auto",
         hf_model: Any = None,
         hf_tokenizer: Any = None,
+        slot_store: SlotStore | None = None,
     ) -> None:
         """Load ``model`` (``None``: the default SmolLM2), or wrap an already loaded
         ``hf_model`` + ``hf_tokenizer`` pair (e.g. the policy being trained; its weights are
-        read now, so build a new backend after changing them)."""
+        read now, so build a new backend after changing them). ``slot_store``: the decode
+        engine's slot cache, shared with the backends given the same store (see
+        :meth:`derived`)."""
         import torch
 
         self.config = TransformersConfig(
@@ -171,6 +174,7 @@ class TransformersBackend(Backend):
                 eos_ids=self._eos_ids,
                 stopped=self._stopped,
                 raw_logprobs=raw,
+                store=slot_store,
             )
 
     def _decoder(self, quantize: str | None, required: bool) -> Decoder | None:
@@ -264,14 +268,30 @@ class TransformersBackend(Backend):
         tail = self.decode(job.tokens[-(max(len(s) for s in stop) + 8) :])
         return any(s in tail for s in stop)
 
-    def derived(self, key: str, build: Callable[[], TransformersBackend]) -> TransformersBackend:
-        """The backend ``build()`` makes for ``key``, built the first time ``key`` is asked for
-        on this backend and kept with it: agents of several runs that derive the same model
-        from this one (the trained clone controller's adapted copy) share one copy, loaded
-        once. Closed with this backend."""
+    def derived(
+        self, key: str, load: Callable[[], tuple[Any, Any]], name: str | None = None
+    ) -> TransformersBackend:
+        """The backend of the model ``load()`` returns (``(hf_model, hf_tokenizer)``, a model of
+        this one's shape such as its LoRA-adapted copy) for ``key``: built the first time
+        ``key`` is asked for on this backend, with this backend's settings, and kept with it,
+        so that agents of several runs deriving the same model share one copy, loaded once.
+        Derived copies share this backend's slot cache (one ``kv_cache_mb`` budget for all;
+        their generate calls take turns); each has its own prefix cache. ``name``: the copy's
+        ``model_name``. Closed with this backend."""
         with self._derived_lock:
             if key not in self._derived:
-                self._derived[key] = build()
+                model, tokenizer = load()
+                settings = self.config
+                copy = TransformersBackend(
+                    device=settings.device, dtype=settings.dtype,
+                    batch_size=settings.batch_size, logprobs_mode=settings.logprobs_mode,
+                    quantize=settings.quantize, prefix_cache_mb=settings.prefix_cache_mb,
+                    kv_cache_mb=settings.kv_cache_mb, prefill_tokens=settings.prefill_tokens,
+                    decoder=settings.decoder, hf_model=model, hf_tokenizer=tokenizer,
+                    slot_store=self.engine.store if isinstance(self.engine, Engine) else None,
+                )  # fmt: skip
+                copy.model_name = name or copy.model_name
+                self._derived[key] = copy
             return self._derived[key]
 
     def close(self) -> None:

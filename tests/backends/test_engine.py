@@ -51,7 +51,9 @@ def prompts(count: int, seed: int = 0, shared: int = 40) -> list[list[int]]:
     return out
 
 
-def make_engine(model, *, slots=8, prefill_tokens=4096, quantize=None, block=16, prefix=8):
+def make_engine(
+    model, *, slots=8, prefill_tokens=4096, quantize=None, block=16, prefix=8, store=None
+):
     from selfcest_env.agents.backends.decoder import Decoder
     from selfcest_env.agents.backends.engine import Engine
     from selfcest_env.agents.backends.prefix_cache import PrefixCache
@@ -66,6 +68,7 @@ def make_engine(model, *, slots=8, prefill_tokens=4096, quantize=None, block=16,
         eos_ids={2},
         stopped=lambda job: False,
         raw_logprobs=False,
+        store=store,
     )
 
 
@@ -150,9 +153,10 @@ def test_prefill_attention_is_the_same_whatever_the_split() -> None:
     import torch
 
     from selfcest_env.agents.backends.attention import (
+        PrefillPlan,
         decode_attention,
+        diagonal_mask,
         prefill_attention,
-        prefill_plan,
     )
 
     torch.manual_seed(0)
@@ -163,12 +167,15 @@ def test_prefill_attention_is_the_same_whatever_the_split() -> None:
     queries = torch.randn(length, kv, group, dim)
 
     def run(slot: int, start: int, count: int):
-        plan = prefill_plan(slot, start, 0, count, block, group, "cpu")
+        plan = PrefillPlan(slot, start, 0, count, block, diagonal_mask(block, group, "cpu"))
         return prefill_attention(queries[start : start + count], keys, values, plan)
 
     whole = run(0, 0, length)
     for start, count in ((0, 1), (5, 30), (16, 74), (33, 57), (89, 1)):
         assert torch.equal(run(2, start, count), whole[start : start + count])
+    keys[2, :, 41:], values[2, :, 41:] = 1e3, -1e3  # later keys, even huge, change nothing before
+    assert torch.equal(run(2, 0, 41), whole[:41])
+    assert torch.equal(run(2, 20, 21), whole[20:41])
     scores = torch.einsum("qkgd,kpd->qkgp", queries, keys[0, :, :length])
     causal = torch.arange(length)[None, :] > torch.arange(length)[:, None]
     scores = scores.masked_fill(causal[:, None, None, :], float("-inf"))
@@ -305,6 +312,68 @@ def test_lora_adapters_run_as_the_adapted_model(tiny_model) -> None:
     plain = jobs_for([prompt], cap=5)
     make_engine(tiny_model).run(plain)
     assert plain[0].logprobs != job.logprobs  # the adapters changed the model
+
+
+def test_engines_sharing_a_slot_store_keep_their_own_outputs(tiny_model) -> None:
+    """Engines of different weights that share one slot store (a backend and its adapted
+    copies) reuse one cache in turn, and each gives the bits it gives alone; a model of another
+    shape gets a cache of its shape."""
+    import copy
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from selfcest_env.agents.backends.engine import SlotStore
+
+    other = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for param in other.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    group = prompts(6, seed=3)
+    alone = [outputs(make_engine(model), group) for model in (tiny_model, other)]
+    assert alone[0] != alone[1]
+    store = SlotStore()
+    first, second = make_engine(tiny_model, store=store), make_engine(other, store=store)
+    assert outputs(first, group) == alone[0]
+    cache = store.cache
+    assert outputs(second, group) == alone[1]
+    assert outputs(first, group) == alone[0]
+    assert store.cache is cache  # one cache, reused by both
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4,
+    )  # fmt: skip
+    deeper = LlamaForCausalLM(config).eval()
+    outputs(make_engine(deeper, store=store), group)
+    assert store.cache.keys.shape[:3] == (3, cache.slots, 4)
+    assert outputs(second, group) == alone[1]
+
+
+def test_derived_backends_take_the_settings_and_slot_store_of_their_base(tiny_model) -> None:
+    import copy
+
+    from selfcest_env.agents.backends.transformers_backend import TransformersBackend
+
+    base = TransformersBackend(
+        hf_model=tiny_model, hf_tokenizer=object(), batch_size=3, kv_cache_mb=64,
+        prefix_cache_mb=16, prefill_tokens=256,
+    )  # fmt: skip
+    loads = []
+
+    def load():
+        loads.append(1)
+        return copy.deepcopy(tiny_model), object()
+
+    derived = base.derived("adapted", load, name="tiny+adapter")
+    assert base.derived("adapted", load) is derived and len(loads) == 1
+    assert derived.model_name == "tiny+adapter"
+    assert derived.engine.store is base.engine.store
+    settings = derived.config
+    assert (settings.batch_size, settings.kv_cache_mb, settings.prefix_cache_mb,
+            settings.prefill_tokens) == (3, 64, 16, 256)  # fmt: skip
+    assert derived.prefix_cache is not base.prefix_cache
+    base.close()
+    assert derived.engine is None
 
 
 def test_unsupported_models_are_refused() -> None:
