@@ -315,8 +315,9 @@ def test_quick_suite_shape() -> None:
 
 def test_delegation_suite_shape() -> None:
     """The delegation suite: 100+ held-out episodes per run; on math every agent at three caps
-    on the variant it plays, the trained controllers on a training-length variant, a longer one
-    and the easy preset; on QA a context sweep the sweep plot reads."""
+    on the delegation variants it plays (one on the easy preset), the trained controllers on a
+    training-length variant, a longer one and the easy preset; on QA a context sweep the sweep
+    plot reads."""
     from selfcest_env.agents.registry import agent_names
     from selfcest_env.harness.plots import sweep_point
 
@@ -330,23 +331,24 @@ def test_delegation_suite_shape() -> None:
             caps.setdefault((entry.variant, agent), set()).update(
                 budget["max_new_tokens"] for budget in entry.budgets()
             )
-    math = {(v, a): c for (v, a), c in caps.items() if not v.startswith("qa")}
+    math = {(v, a): c for (v, a), c in caps.items() if v in ("long-sum", "longer-sum")}
     assert all(len(c) >= 3 for c in math.values())
     for agent in ("clone-controller-delegate", "clone-controller-depth2", "monolithic"):
-        assert {v for v, a in math if a == agent} == {"long-sum", "longer-sum", "easy"}
+        assert {v for v, a in caps if a == agent} >= {"longer-sum", "easy"}
     assert {a for v, a in math if v == "long-sum"} >= {
         "clone-controller",
+        "clone-controller-delegate",
+        "monolithic",
         "self-consistency",
         "tree-of-thoughts",
     }
-    sizes = {
-        sweep_point(v, "context_tokens")[0]
-        for v, a in caps
-        if a == "clone-controller-qa" and sweep_point(v, "context_tokens")
-    }
-    assert sizes == {1000.0, 2000.0, 8000.0, 16000.0}
-    assert len(caps["qa,context_tokens=2000", "clone-controller-qa"]) >= 3
-    assert all(("qa,context_tokens=" + str(n), "monolithic") in caps for n in (1000, 8000, 16000))
+    for agent in ("clone-controller-qa", "monolithic"):
+        sizes = {
+            sweep_point(v, "context_tokens")[0]
+            for v, a in caps
+            if a == agent and sweep_point(v, "context_tokens")
+        }
+        assert sizes == {1000.0, 2000.0, 8000.0, 16000.0}
 
 
 # --------------------------------------------------------------------------------------------
