@@ -30,8 +30,10 @@ import itertools
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from selfcest_env.agents.backends.base import Backend, GenerationRequest, GenerationResult
 from selfcest_env.protocol import Action
@@ -135,6 +137,7 @@ class Rendezvous:
 
     def __init__(self) -> None:
         self._local = threading.local()
+        self._routed: weakref.WeakSet[Backend] = weakref.WeakSet()
         self.calls = 0
         self.requests = 0
 
@@ -144,9 +147,24 @@ class Rendezvous:
         Agents keep the backend object they were built with (the trained clone controller
         checks its type), so no stand-in is handed to them: ``generate`` is replaced on the
         backend instance itself. Called from outside a round's threads it goes straight to the
-        backend.
+        backend. A backend that derives copies of itself (``TransformersBackend.derived``: the
+        trained controllers' adapted models, made when they first act) has each copy routed as
+        it is made. Routing a backend again changes nothing.
         """
+        if backend in self._routed:
+            return
+        self._routed.add(backend)
         backend.generate = functools.partial(self._generate, backend, backend.generate)  # type: ignore[method-assign]
+        derive = getattr(backend, "derived", None)
+        if callable(derive):
+            backend.derived = functools.partial(self._routed_copy, derive)  # type: ignore[attr-defined]
+
+    def _routed_copy(self, derive: Callable[..., Backend], *args: Any, **kwargs: Any) -> Backend:
+        """A routed backend's ``derived``: the copy it returns, routed the first time (the
+        runs sharing a copy share its batches too)."""
+        copy = derive(*args, **kwargs)
+        self.route(copy)
+        return copy
 
     def act(self, calls: RoundCalls) -> list[list[Action | ActionFailure]]:
         """The driver's ``act`` function: every policy's actions, their model calls merged."""

@@ -181,6 +181,50 @@ def test_many_agents_calling_zero_one_or_several_times_share_each_batch() -> Non
     assert no_round_threads_left()
 
 
+class Family(Echo):
+    """An :class:`Echo` that derives copies of itself as ``TransformersBackend.derived`` does:
+    one per key, built on the first ask and kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.copies: dict[str, Echo] = {}
+
+    def derived(self, key: str, load: Any, name: str | None = None) -> Echo:
+        if key not in self.copies:
+            load()
+            self.copies[key] = Echo()
+        return self.copies[key]
+
+
+class Deriving(Caller):
+    """A :class:`Caller` that derives its backend's copy on its first ``act_batch`` (in its
+    round's thread, as the trained clone controller loads its adapted model)."""
+
+    def act_batch(self, views: Sequence[Any]) -> list[Any]:
+        if isinstance(self.backend, Family):
+            self.backend = self.backend.derived("adapted", lambda: None)
+        return super().act_batch(views)
+
+
+def test_copies_a_routed_backend_derives_are_routed_and_share_batches() -> None:
+    base, probe, rendezvous = Family(), Probe(), Rendezvous()
+    rendezvous.route(base)
+    policies = [Deriving(n, base, sizes, probe) for n, sizes in enumerate(SIZES)]
+    answers = rendezvous.act([(policy, ["view"]) for policy in policies])
+
+    copy = base.derived("adapted", lambda: None)
+    assert list(base.copies) == ["adapted"] and base.batches == []
+    for number, (texts,) in enumerate(answers):
+        assert texts == alone(SIZES[number], number, Echo())
+    calls = [[p.requests(k) for k, size in enumerate(p.sizes) if size] for p in policies]
+    assert len(copy.batches) == max(map(len, calls))  # one merged call per depth, not per run
+    assert copy.threads == {threading.get_ident()}
+    rendezvous.route(base)  # routing again wraps nothing twice
+    answers = rendezvous.act([(policy, ["view"]) for policy in policies[:3]])
+    assert len(copy.batches) == max(map(len, calls)) + 3
+    assert no_round_threads_left()
+
+
 def test_a_failing_merged_batch_is_sent_again_per_caller_and_hits_only_its_own_request() -> None:
     bad = 100 * 6 + 10 * 1 + 2  # caller 6, second call, third request
     backend, rendezvous = Echo(raise_on=bad), Rendezvous()
