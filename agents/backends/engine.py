@@ -165,7 +165,8 @@ class Engine:
         capacity = -(-need // self.block) * self.block
         per_slot = decoder.kv_bytes_per_position * capacity
         slots = max(1, min(self.max_slots, len(jobs), self.kv_cache_bytes // per_slot))
-        cache, store = self.store.cache, self.store
+        store = self.store
+        cache = store.cache
         if (
             cache is not None
             and cache.fits(

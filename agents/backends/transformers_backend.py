@@ -26,7 +26,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from .base import Backend, GenerationRequest, GenerationResult, chat_prompt_ids, finalize
@@ -281,13 +281,10 @@ class TransformersBackend(Backend):
         with self._derived_lock:
             if key not in self._derived:
                 model, tokenizer = load()
-                settings = self.config
+                # every setting but the model to load and the process-wide thread count
+                settings = {**asdict(self.config), "model": None, "num_threads": None}
                 copy = TransformersBackend(
-                    device=settings.device, dtype=settings.dtype,
-                    batch_size=settings.batch_size, logprobs_mode=settings.logprobs_mode,
-                    quantize=settings.quantize, prefix_cache_mb=settings.prefix_cache_mb,
-                    kv_cache_mb=settings.kv_cache_mb, prefill_tokens=settings.prefill_tokens,
-                    decoder=settings.decoder, hf_model=model, hf_tokenizer=tokenizer,
+                    **settings, hf_model=model, hf_tokenizer=tokenizer,
                     slot_store=self.engine.store if isinstance(self.engine, Engine) else None,
                 )  # fmt: skip
                 copy.model_name = name or copy.model_name
