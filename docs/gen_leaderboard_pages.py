@@ -24,6 +24,7 @@ PAGES = Path("leaderboards")
 COLUMNS = (
     ("env_id", "env", "{}"),
     ("source", "source", "{}"),
+    ("variant", "variant", "{}"),
     ("agent", "agent", "{}"),
     ("budget", "budget", "{}"),
     ("n", "n", "{}"),
@@ -60,7 +61,8 @@ def table(csv_path: Path) -> list[str]:
         "| " + " | ".join(headings) + " |",
         "|" + " --- |" * len(headings),
     ]
-    rows.sort(key=lambda r: (r.get("env_id", ""), r.get("source", ""), r.get("agent", "")))
+    order = ("env_id", "source", "variant", "agent")
+    rows.sort(key=lambda r: tuple(r.get(column, "") for column in order))
     for row in rows:
         cells = [cell(row, column, fmt) for column, _, fmt in columns]
         if pareto:

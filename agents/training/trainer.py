@@ -459,8 +459,7 @@ class GRPOTrainer:
     def export_checkpoint(self, step: int, dest: str | Path) -> Path:
         """Write checkpoint ``step`` of the run folder to ``dest`` as ``final/`` holds a
         finished run (the LoRA adapter or the model, and the tokenizer): how an earlier point
-        of a run, e.g. step 0 after imitation, becomes an adapter agents can load. With the
-        default model the adapter's base model path is its name, not this machine's cache path.
+        of a run, e.g. step 0 after imitation, becomes an adapter agents can load.
 
         Raises:
             ConfigError: the run folder has no checkpoint ``step`` (the message lists those
@@ -479,7 +478,12 @@ class GRPOTrainer:
         self._configure_cpu()
         policy = self._build()
         policy.load_trainable_state(load_file(str(folder / WEIGHTS)))
-        target = Path(dest)
+        return self._export(policy, Path(dest))
+
+    def _export(self, policy: Policy, target: Path) -> Path:
+        """Write ``policy`` to ``target`` as an adapter (or model) agents load; with the
+        default model the adapter's base model path is its name, not this machine's cache
+        path, so the folder loads on any machine."""
         policy.export(target)
         adapter_config = target / "adapter_config.json"
         if self.config.model.name is None and adapter_config.is_file():
@@ -539,8 +543,7 @@ class GRPOTrainer:
                     self._save_checkpoint(step)
         finally:
             bar.close()
-        final = self.out / "final"
-        self.policy.export(final)
+        final = self._export(self.policy, self.out / "final")
         return TrainResult(self.out, config.optim.steps, final, self.eval_log.rows())
 
 

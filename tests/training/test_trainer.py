@@ -613,6 +613,24 @@ def test_a_checkpoint_is_exported_as_an_adapter(tmp_path, capsys):
     assert code == 2 and "has no checkpoint of step 7; it keeps steps: 0, 1, 2" in err
     assert run_cli("train", "--config", str(config_file), "--export-step", "0") == 2
     assert "--export-step and --to go together" in capsys.readouterr().err
+    final = json.loads((tmp_path / "run" / "final" / "adapter_config.json").read_text())
+    assert final["base_model_name_or_path"] == saved["base_model_name_or_path"]
+
+
+@pytest.mark.slow
+def test_an_adapter_of_the_default_model_names_the_model_not_a_local_path(tmp_path):
+    """``final/`` and exported checkpoints of a default-model run load on any machine: their
+    base model is the default model's name, not the folder it was loaded from here."""
+    from selfcest_env.agents.backends.default_model import DEFAULT_MODEL_NAME
+
+    trainer = GRPOTrainer(
+        tiny_config(tmp_path / "run", **{"model.name": None, "model.finetune": "lora"})
+    )
+    assert trainer.config.model.name is None
+    folder = trainer._export(trainer._build(), tmp_path / "adapter")
+    saved = json.loads((folder / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == DEFAULT_MODEL_NAME
+    assert (folder / "adapter_model.safetensors").is_file()
 
 
 def test_micro_batches_bound_samples_and_padded_tokens():
