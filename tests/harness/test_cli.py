@@ -338,6 +338,7 @@ def test_delegation_suite_shape() -> None:
     assert {a for v, a in math if v == "long-sum"} >= {
         "clone-controller",
         "clone-controller-delegate",
+        "clone-controller-depth2",
         "monolithic",
         "self-consistency",
         "tree-of-thoughts",
