@@ -101,3 +101,26 @@ def test_every_turn_stopped_at_the_cap_is_counted_truncated(backend):
     results = list(run_episodes(make_env, agent, episode_specs(range(8)), progress=False))
     truncated = sum(r.meters["truncated_turns"] for r in results)
     assert truncated == counting.cut > 0  # 12 tokens: the model rambles past the cap
+
+
+@pytest.mark.slow
+def test_a_prompt_over_the_window_ends_as_the_policys_context_limit(backend):
+    """A root whose prompt alone fills the context window (a monolithic reader of 8,000 tokens of
+    paragraphs under the model's 8,192) ends with ``context_limit``, scored and kept, without a
+    request: sent, the backend would refuse it and the episode would end as a backend error,
+    retried forever by a suite. Every agent, the programmatic spawners included."""
+    counting = MeteredBackend(backend)
+    options = {"context_tokens": 8000, "hops": (1,), "context_window": 8192}
+    for agent in make_agents(counting):
+        before = counting.requests
+
+        def make_env(agent=agent):
+            kwargs = {**options, **agent.env_overrides(), "tokenizer": backend.tokenizer}
+            kwargs["root_view"] = "full"
+            return gym.make("SelfCest-MultiHopQA-v0", **kwargs).unwrapped
+
+        results = list(run_episodes(make_env, agent, episode_specs(range(2)), progress=False))
+        assert [r.end_reason for r in results] == ["context_limit"] * 2, agent.name
+        assert [r.score for r in results] == [0.0, 0.0]
+        assert all(r.meters["prompt_tokens"] == 0 for r in results)
+        assert counting.requests == before, agent.name
