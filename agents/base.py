@@ -174,18 +174,12 @@ def generate_turns(
     grammar says the context's turn ends (``info["stop"]``: a fork grammar's trigger or closing
     tag). Where generation failed the list
     holds an :class:`~selfcest_env.rollout.ActionFailure` naming the backend and its error
-    (see :func:`generate_isolated` for exceptions). A context the env allows no token (its
-    prompt alone fills the context window, or the generation budget is spent) gets an empty
-    turn without a request: the env ends it with that limit, the policy's failure, where a
-    request would fail in the backend as an infrastructure error.
+    (see :func:`generate_isolated` for exceptions). The rollout driver never asks for a
+    context the env allows no token (:class:`~selfcest_env.rollout.Driver`).
     """
     requests = []
-    asked = []
     for number, view in enumerate(views):
         allowance = view.info["max_new_tokens"]
-        if allowance == 0:
-            continue
-        asked.append(number)
         cap = (
             sampling.max_new_tokens
             if allowance is None
@@ -202,14 +196,12 @@ def generate_turns(
                 stop=tuple(view.info.get("stop") or ()),
             )
         )
-    turns: list[Turn | ActionFailure] = [Turn("") for _ in views]
-    for number, result in zip(asked, generate_isolated(backend, requests), strict=True):
-        turns[number] = (
-            ActionFailure(f"{backend.name} backend: {result.error or 'generation failed'}")
-            if result.finish_reason == "error"
-            else _turn(result)
-        )
-    return turns
+    return [
+        ActionFailure(f"{backend.name} backend: {result.error or 'generation failed'}")
+        if result.finish_reason == "error"
+        else _turn(result)
+        for result in generate_isolated(backend, requests)
+    ]
 
 
 def _turn(result: GenerationResult) -> Turn:

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from selfcest_env.env import ABORT_REASONS, SelfCestEnv
 from selfcest_env.episodes import EpisodeResult
-from selfcest_env.protocol import Action
+from selfcest_env.protocol import Action, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -260,16 +260,24 @@ class Driver:
         active = list(self._active.items())
         views = [run.views() for _, run in active]
         calls = [
-            (run.rollout.policy, [view for _, batch in slots for view in batch])
+            (run.rollout.policy, [view for _, batch in slots for view in batch if _may_act(view)])
             for (_, run), slots in zip(active, views)
         ]
-        answers = self._act(calls)
-        for (index, run), slots, (policy, batch), actions in zip(active, views, calls, answers):
-            if len(actions) != len(batch):
+        asking = [call for call in calls if call[1]]
+        answered = iter(self._act(asking) if asking else [])
+        answers = [next(answered) if batch else [] for _, batch in calls]
+        for (index, run), slots, (policy, batch), asked in zip(active, views, calls, answers):
+            if len(asked) != len(batch):
                 raise RuntimeError(
-                    f"{policy.name}.act_batch returned {len(actions)} actions for {len(batch)} "
+                    f"{policy.name}.act_batch returned {len(asked)} actions for {len(batch)} "
                     "contexts; it must return exactly one per view"
                 )
+            replies = iter(asked)
+            actions = [
+                next(replies) if _may_act(view) else Turn("")
+                for _, slot_views in slots
+                for view in slot_views
+            ]
             position = 0
             for slot, slot_views in slots:
                 if run.stopped:
@@ -308,6 +316,15 @@ class Driver:
         if episode_ended is not None:
             episode_ended(slot.spec.episode)
         return _result(slot, reward, info, self._keep_traces)
+
+
+def _may_act(view: ContextView) -> bool:
+    """Whether the env allows ``view``'s context at least one token. A context it allows none
+    (its prompt alone fills the context window, or the generation budget is spent) is stepped
+    with an empty turn without asking the policy: the env ends it with that limit, the
+    policy's failure, where a model request would fail in the backend as an infrastructure
+    error."""
+    return view.info.get("max_new_tokens") != 0
 
 
 def run_episodes(

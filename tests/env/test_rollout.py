@@ -180,3 +180,38 @@ def test_solve_up_to_delegates_only_what_is_longer_at_every_depth(terms, depth, 
                 level, parent = level + 1, by_id[parent]["parent"]
             depths[level] = depths.get(level, 0) + 1
         assert depths == shape
+
+
+class Recorder:
+    """A user policy (no agent base class) that answers 7 and records the allowance of every
+    context it is asked to act for."""
+
+    name = "recorder"
+
+    def __init__(self):
+        self.allowances = []
+
+    def act_batch(self, views):
+        self.allowances += [view.info["max_new_tokens"] for view in views]
+        return ["The answer is 7." for _ in views]
+
+
+@pytest.mark.parametrize(
+    ("window", "asked", "end_reason"),
+    [(20, 0, "context_limit"), (8192, 1, "answered")],  # 20: the prompt alone fills it
+)
+def test_a_context_the_env_allows_no_token_is_never_put_to_the_policy(window, asked, end_reason):
+    """Any policy, not only the bundled agents: the driver steps such a context with an empty
+    turn and the env ends the episode with its limit (scored 0, kept), instead of asking a
+    backend for zero tokens."""
+    policy = Recorder()
+
+    def make_limited_env():
+        return gym.make("SelfCest-Math-v0", context_window=window).unwrapped
+
+    results = list(run_episodes(make_limited_env, policy, episode_specs(range(3)), progress=False))
+    assert 0 not in policy.allowances
+    assert len(policy.allowances) == 3 * asked
+    assert {r.end_reason for r in results} == {end_reason}
+    if asked == 0:
+        assert [(r.score, r.meters["gen_tokens"]) for r in results] == [(0.0, 0)] * 3
