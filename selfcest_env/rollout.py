@@ -320,10 +320,9 @@ class Driver:
 
 def _may_act(view: ContextView) -> bool:
     """Whether the env allows ``view``'s context at least one token. A context it allows none
-    (its prompt alone fills the context window, or the generation budget is spent) is stepped
-    with an empty turn without asking the policy: the env ends it with that limit, the
-    policy's failure, where a model request would fail in the backend as an infrastructure
-    error."""
+    (for instance, its prompt alone fills its context window) is stepped with an empty turn
+    without asking the policy: the env ends it with that limit, the policy's failure, where a
+    model request would fail in the backend as an infrastructure error."""
     return view.info.get("max_new_tokens") != 0
 
 
