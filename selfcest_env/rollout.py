@@ -20,7 +20,9 @@ The driver knows nothing about models: a policy is anything with a ``name`` and
 action for a context because its backend failed, it returns an :class:`ActionFailure` in that
 place; the driver then ends that context's episode with
 :meth:`~selfcest_env.env.SelfCestEnv.abort` (``end_reason="backend_error"``) and every other
-episode goes on.
+episode goes on. A context the env allows no token (its ``info["max_new_tokens"]`` is 0) is
+never put to a policy: the driver steps it with an empty turn, and the env ends it with its
+limit.
 """
 
 from __future__ import annotations
