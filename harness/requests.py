@@ -32,7 +32,8 @@ API_KEY_ENV = "OPENAI_API_KEY"
 
 
 #: Backend arguments that change nothing a model writes, only how requests travel (how many
-#: at once, how long to wait, how often to retry, CPU threads): left out of the run spec, so
+#: at once, how long to wait, how often to retry, CPU threads, whether twin requests run
+#: once): left out of the run spec, so
 #: changing them resumes the same run folder. Every other backend argument is part of the
 #: spec and of the run folder's identity.
 TRANSPORT_BACKEND_ARGS: frozenset[str] = frozenset(
@@ -44,6 +45,7 @@ TRANSPORT_BACKEND_ARGS: frozenset[str] = frozenset(
         "max_backoff_s",
         "max_retry_wait_s",
         "num_threads",
+        "coalesce_twins",
     }
 )
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from .attention import PrefillPlan, diagonal_mask
 from .decoder import Decoder, Step, aligned
@@ -30,6 +30,8 @@ from .prefix_cache import BlockKey, PrefixCache, SlotCache
 from .sampling import sample_tokens
 
 logger = logging.getLogger(__name__)
+
+K = TypeVar("K")
 
 
 @dataclass
@@ -102,6 +104,39 @@ def sample_jobs(
         if job.hit_eos or len(job.tokens) >= job.cap or stopped(job):
             finished.append(job)
     return tokens, finished
+
+
+def _twin_key(job: Job) -> tuple[Any, ...]:
+    """What decides a job's tokens besides its cap: its prompt, stop strings and, when it
+    samples, its temperature, top-p and the state of its generator."""
+    key: tuple[Any, ...] = (tuple(job.prompt), job.stop, job.temperature)
+    if job.temperature > 0:
+        key += (job.top_p, job.generator.get_state().numpy().tobytes())
+    return key
+
+
+def coalesce(jobs: Mapping[K, Job]) -> dict[K, K]:
+    """Twin jobs, which differ in their cap at most: ``{follower: leader}``, the leader being
+    the twin of the largest cap. Only leaders need to run: as a job's tokens depend on nothing
+    but its own sequence, a follower's are the first ``cap`` of its leader's (:func:`follow`).
+    Budget sweeps make twins: the same agent at several turn caps asks the same questions until
+    a turn reaches the smaller cap."""
+    groups: dict[tuple[Any, ...], list[K]] = {}
+    for name, job in jobs.items():
+        groups.setdefault(_twin_key(job), []).append(name)
+    leaders = {}
+    for names in groups.values():
+        leader = max(names, key=lambda name: jobs[name].cap)
+        leaders.update({name: leader for name in names if name != leader})
+    return leaders
+
+
+def follow(job: Job, leader: Job) -> None:
+    """Fill ``job`` from its twin ``leader`` (which ran, with a cap at least ``job``'s): the
+    tokens and logprobs ``job`` would have generated alone."""
+    job.tokens = leader.tokens[: job.cap]
+    job.logprobs = leader.logprobs[: job.cap]
+    job.hit_eos = leader.hit_eos and len(leader.tokens) <= job.cap
 
 
 class Engine:

@@ -17,7 +17,9 @@ size, the order of the requests, what the prefix cache holds and the CPU thread 
 those of the sampled token under the distribution it was sampled from (after temperature and
 top-p; ``logprobs_mode="raw"`` gives them under the unmodified model distribution instead).
 Greedy rows (temperature 0) report raw logprobs, since their processed distribution is
-degenerate.
+degenerate. On the engine, twin requests of one call (the same but for their token cap) run
+once, each taking its own cap's share of the tokens (:func:`.engine.coalesce`): by batch
+invariance that is what it would have generated alone.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from .default_model import (
     load_model,
     resolve_device,
 )
-from .engine import Engine, Job, SlotStore
+from .engine import Engine, Job, SlotStore, coalesce, follow
 from .forward_loop import ForwardLoop
 from .prefix_cache import PrefixCache
 
@@ -64,6 +66,8 @@ class TransformersConfig:
     tokens one forward pass takes. ``decoder``: ``"engine"`` (the decode engine, Llama-family
     models), ``"forward"`` (the model's own forward pass: any causal LM, no prefix cache or
     continuous batching) or ``"auto"`` (the engine where it runs the model, else forward).
+    ``coalesce_twins``: on the engine, run requests that differ in their token cap at most once
+    (:func:`.engine.coalesce`); it changes no result, only the time.
     """
 
     model: str | None = None
@@ -78,6 +82,7 @@ class TransformersConfig:
     kv_cache_mb: int = 4096
     prefill_tokens: int = 2048
     decoder: Literal["auto", "engine", "forward"] = "auto"
+    coalesce_twins: bool = True
 
 
 class TransformersBackend(Backend):
@@ -102,6 +107,7 @@ class TransformersBackend(Backend):
         kv_cache_mb: int = 4096,
         prefill_tokens: int = 2048,
         decoder: Literal["auto", "engine", "forward"] = "auto",
+        coalesce_twins: bool = True,
         hf_model: Any = None,
         hf_tokenizer: Any = None,
         slot_store: SlotStore | None = None,
@@ -115,7 +121,7 @@ class TransformersBackend(Backend):
 
         self.config = TransformersConfig(
             model, device, dtype, batch_size, num_threads, logprobs_mode, trust_remote_code,
-            quantize, prefix_cache_mb, kv_cache_mb, prefill_tokens, decoder,
+            quantize, prefix_cache_mb, kv_cache_mb, prefill_tokens, decoder, coalesce_twins,
         )  # fmt: skip
         if min(batch_size, prefill_tokens) < 1 or min(prefix_cache_mb, kv_cache_mb) < 0:
             raise ValueError("batch_size and prefill_tokens must be >= 1, cache sizes >= 0")
@@ -242,8 +248,10 @@ class TransformersBackend(Backend):
                     stop=request.stop,
                     generator=torch.Generator(device="cpu").manual_seed(seed),
                 )
+        twins = self.config.coalesce_twins and isinstance(self.engine, Engine)
+        leaders = coalesce(jobs) if twins else {}
         try:
-            self.engine.run(list(jobs.values()))
+            self.engine.run([job for index, job in jobs.items() if index not in leaders])
         except Exception as exc:  # e.g. out of memory: these requests fail, the call returns
             logger.exception("generation failed")
             for index, job in jobs.items():
@@ -251,6 +259,8 @@ class TransformersBackend(Backend):
                     f"generation failed: {exc}", len(job.prompt)
                 )
             return [r for r in results if r is not None]
+        for index, leader in leaders.items():
+            follow(jobs[index], jobs[leader])
         for index, job in jobs.items():
             request = requests[index]
             results[index] = finalize(

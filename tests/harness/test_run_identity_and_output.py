@@ -208,6 +208,7 @@ IDENTITY_CASES: dict[str, tuple[str, dict, dict, bool]] = {
     "logprobs mode": ("transformers", {}, {"logprobs_mode": "raw"}, False),
     "decode loop": ("transformers", {}, {"decoder": "forward"}, False),
     "CPU threads": ("transformers", {}, {"num_threads": 1}, True),
+    "twins run once or apart": ("transformers", {}, {"coalesce_twins": False}, True),
     "quantisation": ("vllm", {}, {"quantization": "awq"}, False),
     "vllm dtype": ("vllm", {"dtype": "half"}, {"dtype": "float"}, False),
 }
