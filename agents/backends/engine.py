@@ -109,7 +109,7 @@ def sample_jobs(
 def _twin_key(job: Job) -> tuple[Any, ...]:
     """What decides a job's tokens besides its cap: its prompt, stop strings and, when it
     samples, its temperature, top-p and the state of its generator."""
-    key: tuple[Any, ...] = (tuple(job.prompt), job.stop, job.temperature)
+    key: tuple[Any, ...] = (tuple(job.prompt), tuple(job.stop), job.temperature)
     if job.temperature > 0:
         key += (job.top_p, job.generator.get_state().numpy().tobytes())
     return key
