@@ -22,6 +22,7 @@ cache budget of the backend.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import replace
 from importlib import resources
@@ -58,6 +59,26 @@ def bundled_adapter_dir(name: str = BUNDLED_ADAPTER) -> Path:
             "data, or pass adapter=<folder made by selfcest train>"
         )
     return folder
+
+
+#: The files of an adapter folder that decide the adapted model (what ``peft`` reads).
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+
+
+def adapter_digest(folder: Path) -> str:
+    """Sixteen hex digits of the SHA-256 of the adapter folder's :data:`ADAPTER_FILES` (names
+    and contents): the adapter's identity in a run spec, so that a retrained adapter, or two
+    adapters with the same folder name (every ``selfcest train`` run exports ``final/``), never
+    resume each other's run folders."""
+    digest = hashlib.sha256()
+    for name in ADAPTER_FILES:
+        path = folder / name
+        if path.is_file():
+            digest.update(name.encode() + b"\0")
+            with path.open("rb") as file:
+                for chunk in iter(lambda: file.read(1 << 20), b""):
+                    digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def load_adapted_model(adapter: Path, device: str | None = "auto") -> tuple[Any, Any]:
@@ -118,14 +139,19 @@ class TrainedCloneControllerAgent(CloneControllerAgent):
                 f"{self.adapter} is not a LoRA adapter folder (it has no adapter_config.json)"
             )
         self._base_model_name = backend.model_name
+        self._digest: str | None = None
         self._loaded = False
 
     def config_dict(self) -> dict[str, Any]:
-        """Sampling settings, the base model with the adapter's name, and the adapter."""
+        """Sampling settings, the base model with the adapter's name, and the adapter: its
+        folder name and the digest of its files (:func:`adapter_digest`)."""
+        if self._digest is None:
+            self._digest = adapter_digest(self.adapter)
         return {
             **super().config_dict(),
             "model": f"{self._base_model_name}+{self.adapter.name}",
             "adapter": self.adapter.name,
+            "adapter_sha256": self._digest,
         }
 
     def _load(self) -> None:

@@ -12,6 +12,7 @@ from selfcest_env.agents.trained_controller import (
     BUNDLED_DELEGATE_ADAPTER,
     BUNDLED_DEPTH2_ADAPTER,
     BUNDLED_QA_ADAPTER,
+    adapter_digest,
     bundled_adapter_dir,
 )
 from selfcest_env.rollout import episode_specs, run_episodes
@@ -93,6 +94,44 @@ def test_registry_builds_it_without_loading_a_model(tmp_path):
     assert delegate.config_dict()["model"] == (
         "SmolLM2-135M-Instruct+clone-controller-smollm2-delegate"
     )
+
+
+def test_an_adapter_retrained_in_place_gets_run_folders_of_its_own(tmp_path):
+    """An adapter's identity is its files, not its path: retrained in place (a ``selfcest
+    train`` run exports to the same ``final/``) or replaced in the package, it must not resume
+    the run folders of the adapter it replaced; a changed README changes nothing."""
+    import shutil
+
+    from selfcest_env.harness.requests import RunRequest
+    from selfcest_env.harness.runner import Runner
+    from selfcest_env.registration import MATH_ENV_ID
+
+    bundled = bundled_adapter_dir()
+    folder = tmp_path / "final"
+    shutil.copytree(bundled, folder)
+
+    def run_id():
+        request = RunRequest(
+            env=MATH_ENV_ID, source="arithmetic", split="test",
+            agent="clone-controller-trained", agent_options={"adapter": str(folder)},
+            budget={"max_new_tokens": 32}, episodes=1,
+        )  # fmt: skip
+        return Runner("unused").spec_for(request).run_id
+
+    first = run_id()
+    (folder / "README.md").write_text("notes change nothing")
+    assert run_id() == first
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": 64}))
+    retrained = run_id()
+    assert retrained != first
+    weights = folder / "adapter_model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    assert run_id() not in (first, retrained)
+    agent = make_agent("clone-controller-trained", NamedBackend(), adapter=str(bundled))
+    assert agent.config_dict()["adapter_sha256"] == adapter_digest(bundled)
+    assert agent.config_dict()["adapter"] == "clone-controller-smollm2"
 
 
 @pytest.mark.slow
