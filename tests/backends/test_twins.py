@@ -129,8 +129,8 @@ def test_the_backend_runs_twins_once_and_answers_each_as_alone(llama, tokenizer)
     from selfcest_env.agents.backends import GenerationRequest
     from selfcest_env.agents.backends.transformers_backend import TransformersBackend
 
-    def backend():
-        made = TransformersBackend(hf_model=llama, hf_tokenizer=tokenizer, batch_size=8)
+    def backend(**settings):
+        made = TransformersBackend(hf_model=llama, hf_tokenizer=tokenizer, batch_size=8, **settings)
         run = made.engine.run
         made.ran = []
 
@@ -162,3 +162,8 @@ def test_the_backend_runs_twins_once_and_answers_each_as_alone(llama, tokenizer)
             continue  # its seed is drawn anew by every backend
         assert result == backend().generate([request])[0]
     assert {r.finish_reason for r in together} == {"length", "stop"}
+    apart = backend(coalesce_twins=False)
+    separately = apart.generate(requests)
+    assert apart.ran == [len(requests)]
+    for request, one, other in zip(requests, together, separately):
+        assert (one == other) is not (request.temperature > 0 and request.seed is None)
