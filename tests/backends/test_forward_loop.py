@@ -14,47 +14,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    from selfcest_env.agents.backends.default_model import default_model_dir
-
-    return AutoTokenizer.from_pretrained(default_model_dir())
-
-
-def _random(model_class, config):
-    import torch
-
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        return model_class(config).eval()
-
-
-@pytest.fixture(scope="module")
-def gpt2(tokenizer):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=len(tokenizer), n_positions=256)
-    return _random(GPT2LMHeadModel, config)
-
-
-@pytest.fixture(scope="module")
-def llama(tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    return _random(LlamaForCausalLM, config)
-
-
 def _requests(count: int, max_new_tokens: int = 8, temperature: float = 0.0):
     from selfcest_env.agents.backends import GenerationRequest
 

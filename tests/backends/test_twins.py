@@ -15,35 +15,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    from selfcest_env.agents.backends.default_model import default_model_dir
-
-    return AutoTokenizer.from_pretrained(default_model_dir())
-
-
-@pytest.fixture(scope="module")
-def llama(tokenizer):
-    """A random 2-layer Llama over the default model's vocabulary."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        return LlamaForCausalLM(config).eval()
-
-
 def _engine(model, eos_ids=frozenset({0})):
     from selfcest_env.agents.backends.decoder import Decoder
     from selfcest_env.agents.backends.engine import Engine
