@@ -164,7 +164,7 @@ def main() -> None:
             plays.append(timed)
             calls, requested = timed.done.model_calls, timed.done.model_requests
             print(
-                f"  {timed.label:31} {timed.episodes:4d} episodes  {timed.wall_s:7.1f} s  "
+                f"  {timed.label:35} {timed.episodes:4d} episodes  {timed.wall_s:7.1f} s  "
                 f"{timed.per_minute:6.1f} episodes/min  {calls:5d} backend calls, mean batch "
                 f"{requested / max(calls, 1):5.1f}  {timed.per_minute / plays[0].per_minute:.2f}x"
             )
