@@ -129,6 +129,8 @@ class TransformersBackend(Backend):
             raise ValueError(f"logprobs_mode must be 'processed' or 'raw', got {logprobs_mode!r}")
         if decoder not in ("auto", "engine", "forward"):
             raise ValueError(f"decoder must be 'auto', 'engine' or 'forward', got {decoder!r}")
+        if not isinstance(coalesce_twins, bool):
+            raise ValueError(f"coalesce_twins must be true or false, got {coalesce_twins!r}")
         if quantize is not None and decoder == "forward":
             raise ValueError("quantize runs on the decode engine: use decoder='auto' or 'engine'")
         if num_threads == "all":

@@ -133,6 +133,8 @@ def test_the_backend_runs_twins_once_and_answers_each_as_alone(llama, tokenizer)
             continue  # its seed is drawn anew by every backend
         assert result == backend().generate([request])[0]
     assert {r.finish_reason for r in together} == {"length", "stop"}
+    with pytest.raises(ValueError, match="coalesce_twins must be true or false"):
+        backend(coalesce_twins="no")
     apart = backend(coalesce_twins=False)
     separately = apart.generate(requests)
     assert apart.ran == [len(requests)]
