@@ -8,6 +8,8 @@ import importlib.util
 
 import pytest
 
+from tests.small_models import random_llama
+
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None,
     reason="needs torch + transformers (pip install selfcest[hf])",
@@ -19,23 +21,7 @@ VOCAB = 320
 @pytest.fixture(scope="module")
 def tiny_model():
     """A random 2-layer Llama with grouped-query attention (4 query heads, 2 key-value heads)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config).eval()
-    return model
+    return random_llama(VOCAB, positions=512, tie_word_embeddings=True)
 
 
 def prompts(count: int, seed: int = 0, shared: int = 40) -> list[list[int]]:
@@ -321,7 +307,6 @@ def test_engines_sharing_a_slot_store_keep_their_own_outputs(tiny_model) -> None
     import copy
 
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from selfcest_env.agents.backends.engine import SlotStore
 
@@ -339,11 +324,7 @@ def test_engines_sharing_a_slot_store_keep_their_own_outputs(tiny_model) -> None
     assert outputs(second, group) == alone[1]
     assert outputs(first, group) == alone[0]
     assert store.cache is cache  # one cache, reused by both
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=4,
-    )  # fmt: skip
-    deeper = LlamaForCausalLM(config).eval()
+    deeper = random_llama(VOCAB, layers=3, kv_heads=4, positions=512)
     outputs(make_engine(deeper, store=store), group)
     assert store.cache.keys.shape[:3] == (3, cache.slots, 4)
     assert outputs(second, group) == alone[1]
@@ -428,21 +409,16 @@ def test_only_the_layer_kinds_whose_rows_depend_on_the_batch_are_tiled() -> None
     exactly the kinds of layer that fail the row probe, all layers of that kind, keeps the
     others one product, and a request decodes to the same tokens alone as in a batch of 64."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from selfcest_env.agents.backends.decoder import TILE_ROWS, Decoder, rows_independent
 
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=576, intermediate_size=1536, num_hidden_layers=2,
-        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )  # fmt: skip
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        with torch.random.fork_rng():
-            torch.manual_seed(0)
-            model = LlamaForCausalLM(config).eval()
+        model = random_llama(
+            VOCAB, hidden=576, intermediate=1536, heads=9, kv_heads=3, positions=512,
+            tie_word_embeddings=True,
+        )  # fmt: skip
         decoder = Decoder(model)
         for kind in ("qkv", "out", "gate_up", "down"):
             linears = [getattr(layer, kind) for layer in decoder.layers]

@@ -17,6 +17,7 @@ from selfcest_env.agents.training.grpo import (
     token_logprobs,
 )
 from selfcest_env.agents.training.samples import NO_PARENT, Sample
+from tests.small_models import random_llama
 
 
 def sample(prompt, response, mask, logprobs=None):
@@ -59,19 +60,8 @@ def test_teacher_forced_nan_logprobs_do_not_leak():
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(config).eval()
+    """A random 1-layer Llama over a 32-token vocabulary."""
+    return random_llama(32, layers=1, hidden=16, intermediate=32, heads=2, kv_heads=2, positions=64)
 
 
 def test_token_logprobs_match_an_unpadded_forward(tiny_model):

@@ -353,7 +353,7 @@ def test_lora_kl_reference_is_the_start_of_grpo_or_the_base(tmp_path, reference,
     from selfcest_env.agents.training.checkpoints import START, WEIGHTS
     from selfcest_env.agents.training.grpo import collate, token_logprobs
     from selfcest_env.agents.training.imitation import imitation_samples, scripted_traces
-    from tests.training.small_models import small_llama
+    from tests.small_models import small_llama
 
     # A small Llama saved as a model folder (LoRA needs a model that is not built from scratch).
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
@@ -442,7 +442,7 @@ def small_lora_run(tmp_path, name, steps=1, **changes):
     from transformers import AutoTokenizer
 
     from selfcest_env.agents.backends.default_model import default_model_dir
-    from tests.training.small_models import small_llama
+    from tests.small_models import small_llama
 
     folder = tmp_path / "small-llama"
     if not folder.exists():

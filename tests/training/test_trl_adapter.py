@@ -29,7 +29,7 @@ from selfcest_env.budget import METER_NAMES  # noqa: E402
 from selfcest_env.protocol import Turn  # noqa: E402
 from selfcest_env.reward import CostPenalty  # noqa: E402
 from selfcest_env.rollout import ActionFailure, EpisodeSpec, run_episodes  # noqa: E402
-from tests.training.small_models import small_llama  # noqa: E402
+from tests.small_models import small_llama  # noqa: E402
 from tests.training.test_verl_export import TokenizedDelegator  # noqa: E402
 
 #: Every generated root token costs a little, so rollouts of one task differ in reward.
