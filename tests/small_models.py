@@ -1,8 +1,18 @@
-"""Small randomly initialised Llama models, shared by the backend and training tests."""
+"""Small randomly initialised models, shared by the backend and training tests."""
 
 from __future__ import annotations
 
 from typing import Any
+
+
+def random_model(model_class: Any, config: Any, seed: int = 0) -> Any:
+    """``model_class`` built from ``config`` with ``seed``'s random weights, in eval mode, without
+    touching the global random state."""
+    import torch
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return model_class(config).eval()
 
 
 def random_llama(
@@ -15,11 +25,10 @@ def random_llama(
     kv_heads: int = 2,
     positions: int = 256,
     seed: int = 0,
-    **config: Any,
+    **fields: Any,
 ) -> Any:
-    """A Llama with ``seed``'s random weights, in eval mode, built without touching the global
-    random state; ``config`` passes further ``LlamaConfig`` fields (tied embeddings, token ids)."""
-    import torch
+    """A Llama from :func:`random_model`; ``fields`` are further ``LlamaConfig`` fields (tied
+    embeddings, token ids)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -30,11 +39,9 @@ def random_llama(
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         max_position_embeddings=positions,
-        **config,
+        **fields,
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        return LlamaForCausalLM(config).eval()
+    return random_model(LlamaForCausalLM, config, seed)
 
 
 def small_llama(tokenizer: Any, layers: int = 2, seed: int = 0) -> Any:

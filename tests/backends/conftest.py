@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.small_models import random_llama
+from tests.small_models import random_llama, random_model
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +28,7 @@ def llama(tokenizer):
 def gpt2(tokenizer):
     """A random 2-layer GPT-2 (which the decode engine does not run) over the tokenizer's
     vocabulary."""
-    import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=len(tokenizer), n_positions=256)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        return GPT2LMHeadModel(config).eval()
+    return random_model(GPT2LMHeadModel, config)
