@@ -4,9 +4,10 @@ Plays a suite (the quick suite by default) as ``selfcest suite`` does, cross-run
 temporary folder (or ``--out``), with every decode-engine step and every engine call timed. It
 prints the engine's time by the number of rows a step carried (a step of few rows costs nearly
 what a full one costs: reading the weights dominates), the longest engine calls with their jobs
-and steps, and the time of the calls of at most ``--straggler-jobs`` jobs: the rounds that only
+and steps, the time of the calls of at most ``--straggler-jobs`` jobs: the rounds that only
 a few long episodes (a context that talks until its turn limit) still need, which the round
-schedule plays one after another with nothing else in the batch.
+schedule plays one after another with nothing else in the batch, and the slot caches made
+(their shapes and the seconds it took, mostly zeroing them).
 
     python benchmarks/suite_steps.py [--suite quick] [--episodes N] [--out DIR]
         [--straggler-jobs 4]
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from selfcest_env.agents.backends.engine import Engine, Job
+from selfcest_env.agents.backends.prefix_cache import SlotCache
 from selfcest_env.harness.cli import main as selfcest
 
 ROW_BINS = ((1, 15), (16, 31), (32, 63), (64, 127), (128, None))
@@ -28,16 +30,25 @@ ROW_BINS = ((1, 15), (16, 31), (32, 63), (64, 127), (128, None))
 
 @dataclass
 class EngineTimes:
-    """Every engine step as ``(rows, seconds)`` and every engine call as ``(jobs, steps,
-    seconds)``, in order."""
+    """Every engine step as ``(rows, seconds)``, every engine call as ``(jobs, steps,
+    seconds)`` and every slot cache made as ``(slots, positions, seconds)``, in order."""
 
     steps: list[tuple[int, float]] = field(default_factory=list)
     calls: list[tuple[int, int, float]] = field(default_factory=list)
+    caches: list[tuple[int, int, float]] = field(default_factory=list)
 
     def install(self) -> None:
-        """Time :meth:`Engine._step` and :meth:`Engine.run` of every engine from now on."""
-        step, run = Engine._step, Engine.run
+        """Time :meth:`Engine._step`, :meth:`Engine.run` and :meth:`Engine._cache_for` of every
+        engine from now on."""
+        step, run, cache_for = Engine._step, Engine.run, Engine._cache_for
         times = self
+
+        def timed_cache_for(engine: Engine, jobs: Sequence[Job]) -> SlotCache:
+            started, before = time.perf_counter(), engine.store.cache
+            cache = cache_for(engine, jobs)
+            if cache is not before:
+                times.caches.append((cache.slots, cache.capacity, time.perf_counter() - started))
+            return cache
 
         def timed_step(engine: Engine, running: list[Job], cache: object) -> list[Job]:
             started = time.perf_counter()
@@ -52,6 +63,7 @@ class EngineTimes:
 
         Engine._step = timed_step  # type: ignore[method-assign]
         Engine.run = timed_run  # type: ignore[method-assign]
+        Engine._cache_for = timed_cache_for  # type: ignore[method-assign]
 
 
 def report(times: EngineTimes, wall_s: float, straggler_jobs: int) -> None:
@@ -75,6 +87,9 @@ def report(times: EngineTimes, wall_s: float, straggler_jobs: int) -> None:
         f"calls of at most {straggler_jobs} jobs: {len(stragglers)}, {seconds:.1f} s "
         f"({100 * seconds / wall_s:.1f}% of the wall time)"
     )
+    made = sum(seconds for _, _, seconds in times.caches)
+    shapes = [(slots, positions) for slots, positions, _ in times.caches]
+    print(f"slot caches made: {len(shapes)}, {made:.1f} s; (slots, positions): {shapes}")
 
 
 def main() -> None:
