@@ -7,7 +7,7 @@ what a full one costs: reading the weights dominates), the longest engine calls 
 and steps, the time of the calls of at most ``--straggler-jobs`` jobs: the rounds that only
 a few long episodes (a context that talks until its turn limit) still need, which the round
 schedule plays one after another with nothing else in the batch, and the slot caches made
-(their shapes and the seconds it took, mostly zeroing them).
+(their shapes and the seconds making them took).
 
     python benchmarks/suite_steps.py [--suite quick] [--episodes N] [--out DIR]
         [--straggler-jobs 4]
