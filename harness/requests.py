@@ -33,7 +33,7 @@ API_KEY_ENV = "OPENAI_API_KEY"
 
 #: Backend arguments that change nothing a model writes, only how requests travel (how many
 #: at once, how long to wait, how often to retry, CPU threads, whether twin requests run
-#: once): left out of the run spec, so
+#: once, whether decode attention runs compiled): left out of the run spec, so
 #: changing them resumes the same run folder. Every other backend argument is part of the
 #: spec and of the run folder's identity.
 TRANSPORT_BACKEND_ARGS: frozenset[str] = frozenset(
@@ -46,6 +46,7 @@ TRANSPORT_BACKEND_ARGS: frozenset[str] = frozenset(
         "max_retry_wait_s",
         "num_threads",
         "coalesce_twins",
+        "compiled_attention",
     }
 )
 

@@ -6,7 +6,10 @@ scaled); keys and values are one layer of the engine's slot cache
 (``[slots, kv_heads, capacity, head_dim]``), where a sequence's keys sit at their positions.
 
 * :func:`decode_attention`: one new token per sequence, attending to exactly its ``length``
-  cached keys (the shapes depend on the sequence alone).
+  cached keys (the shapes depend on the sequence alone). :func:`decode_attention_for` gives the
+  engine the same loop in C++ (``decode_attention.cpp``, built on first use), which makes the
+  same calls on the same views with the rows shared out over torch's threads: the same bits
+  (checked on random data before it serves) without Python's cost per call.
 * :func:`prefill_attention`: many new tokens of one sequence, laid out on fixed blocks of
   ``block`` positions (aligned at position 0): queries in chunks of ``block`` rows (padded), one
   chunk at a time, against exactly the keys up to the end of its own block (later keys are all
@@ -19,8 +22,21 @@ scaled); keys and values are one layer of the engine's slot cache
 
 from __future__ import annotations
 
+import functools
+import logging
+import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: The C++ source of the compiled decode attention loop.
+COMPILED_SOURCE = Path(__file__).with_name("decode_attention.cpp")
+#: ``(slot, length)`` of the probe's rows in :func:`decode_attention_for`: lengths across
+#: vector widths and attention blocks, two rows on one slot.
+PROBE_SEQUENCES = ((3, 1), (0, 17), (5, 64), (1, 130), (4, 333), (2, 7), (0, 250), (6, 96))
 
 
 def decode_attention(queries: Any, keys: Any, values: Any, sequences: list[tuple[int, int]]) -> Any:
@@ -35,6 +51,84 @@ def decode_attention(queries: Any, keys: Any, values: Any, sequences: list[tuple
         probs = torch.softmax(scores, -1, dtype=torch.float32).to(values.dtype)
         torch.bmm(probs, values[slot, :, :length], out=out[row])
     return out
+
+
+DecodeAttention = Callable[[Any, Any, Any, list[tuple[int, int]]], Any]
+
+
+@functools.cache
+def compiled_module() -> Any | None:
+    """The compiled form of :func:`decode_attention` (``decode_attention.cpp``), or ``None``
+    where it cannot be built (no C++ compiler or ninja; a warning says why). torch's extension
+    loader builds it once per machine and source (about half a minute; kept under
+    ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``) and each process loads it
+    once."""
+    try:
+        import torch
+        from torch.utils.cpp_extension import load
+
+        # one build per torch version: a build for another version's ABI would not load
+        version = "".join(c if c.isalnum() else "_" for c in torch.__version__)
+        return load(
+            name=f"selfcest_decode_attention_{version}",
+            sources=[str(COMPILED_SOURCE)],
+            extra_cflags=["-O2"],
+            verbose=False,
+        )
+    except (ImportError, OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        logger.warning(
+            "decode attention runs as a Python loop: its C++ form could not be built (%s); "
+            "install a C++ compiler and ninja for the faster form (same results)",
+            reason,
+        )
+        return None
+
+
+def compiled_decode_attention(
+    queries: Any, keys: Any, values: Any, sequences: list[tuple[int, int]]
+) -> Any:
+    """:func:`decode_attention` computed by the compiled loop (which must exist:
+    :func:`compiled_module`)."""
+    slots = [slot for slot, _ in sequences]
+    lengths = [length for _, length in sequences]
+    return compiled_module().decode_attention(queries, keys, values, slots, lengths)
+
+
+def decode_attention_for(
+    device: Any, dtype: Any, kv_heads: int, group: int, head_dim: int, compiled: bool = True
+) -> DecodeAttention:
+    """The decode attention an engine of these shapes should run: the compiled loop where
+    ``compiled`` is set, the tensors are on CPU, it builds and it gives :func:`decode_attention`'s
+    bits on random rows of these shapes (:data:`PROBE_SEQUENCES`, together and a row alone);
+    else the Python loop."""
+    import torch
+
+    if not compiled or torch.device(device).type != "cpu" or compiled_module() is None:
+        return decode_attention
+    generator = torch.Generator().manual_seed(0)
+    slots = 1 + max(slot for slot, _ in PROBE_SEQUENCES)
+    capacity = 64 * (1 + max(length for _, length in PROBE_SEQUENCES) // 64)
+
+    def random(*shape: int) -> Any:
+        return torch.randn(*shape, generator=generator).to(dtype)
+
+    keys = random(slots, kv_heads, capacity, head_dim)
+    values = random(slots, kv_heads, capacity, head_dim)
+    queries = random(len(PROBE_SEQUENCES), kv_heads, group, head_dim)
+    sequences = list(PROBE_SEQUENCES)
+    with torch.no_grad():
+        expected = decode_attention(queries, keys, values, sequences)
+        together = compiled_decode_attention(queries, keys, values, sequences)
+        alone = compiled_decode_attention(queries[-1:], keys, values, sequences[-1:])
+        same = torch.equal(together, expected) and torch.equal(alone, expected[-1:])
+    if not same:
+        logger.warning(
+            "the compiled decode attention gives other bits than the Python loop on this "
+            "machine: the Python loop runs"
+        )
+        return decode_attention
+    return compiled_decode_attention
 
 
 @dataclass(frozen=True)

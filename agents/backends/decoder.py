@@ -20,7 +20,8 @@ Batch invariance by construction: the arithmetic of a row depends only on its ow
   serves only at the thread count of the probe. The copy doubles the memory of the float32
   weights (about 540 MB more for SmolLM2-135M).
 * Normalisation, rotary embedding and activations are row-wise; attention runs one sequence at
-  a time (:mod:`.attention`).
+  a time (:mod:`.attention`; decode attention as a compiled loop over the sequences where it
+  gives the same bits).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from .attention import PrefillPlan, decode_attention, prefill_attention
+from .attention import PrefillPlan, decode_attention_for, prefill_attention
 
 logger = logging.getLogger(__name__)
 
@@ -198,12 +199,16 @@ class Decoder:
 
     The weights are read when the decoder is built (fused copies for the projections); build a
     new one after the model's weights change. ``quantize``: ``None`` or ``"int8"`` (CPU).
+    ``compiled_attention``: run decode attention as the compiled loop where it builds and gives
+    the Python loop's bits (:func:`.attention.decode_attention_for`); it changes no result.
 
     Raises:
         ValueError: a model type or setting this decoder does not reproduce.
     """
 
-    def __init__(self, model: Any, quantize: str | None = None) -> None:
+    def __init__(
+        self, model: Any, quantize: str | None = None, compiled_attention: bool = True
+    ) -> None:
         import torch
 
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -258,6 +263,9 @@ class Decoder:
         self.cos, self.sin = cos[0], sin[0]
         if not quant:
             self._tile_if_rows_depend_on_batch()
+        self.decode_attention = decode_attention_for(
+            self.device, self.dtype, self.kv_heads, self.group, self.head_dim, compiled_attention
+        )
 
     @property
     def kv_bytes_per_position(self) -> int:
@@ -321,7 +329,7 @@ class Decoder:
             q = q.view(rows, self.kv_heads, self.group, self.head_dim)
             attended = q.new_zeros(q.shape)
             if decoded:
-                attended[:decoded] = decode_attention(
+                attended[:decoded] = self.decode_attention(
                     q[:decoded], layer_keys, layer_values, step.decodes
                 )
             for plan in step.prefills:

@@ -68,6 +68,9 @@ class TransformersConfig:
     continuous batching) or ``"auto"`` (the engine where it runs the model, else forward).
     ``coalesce_twins``: on the engine, run requests that differ in their token cap at most once
     (:func:`.engine.coalesce`); it changes no result, only the time.
+    ``compiled_attention``: on the engine on CPU, decode attention as a compiled loop (built
+    once per machine with torch's C++ extension loader; the Python loop where it cannot be built
+    or would change a bit); it changes no result, only the time.
     """
 
     model: str | None = None
@@ -83,6 +86,7 @@ class TransformersConfig:
     prefill_tokens: int = 2048
     decoder: Literal["auto", "engine", "forward"] = "auto"
     coalesce_twins: bool = True
+    compiled_attention: bool = True
 
 
 class TransformersBackend(Backend):
@@ -108,6 +112,7 @@ class TransformersBackend(Backend):
         prefill_tokens: int = 2048,
         decoder: Literal["auto", "engine", "forward"] = "auto",
         coalesce_twins: bool = True,
+        compiled_attention: bool = True,
         hf_model: Any = None,
         hf_tokenizer: Any = None,
         slot_store: SlotStore | None = None,
@@ -122,6 +127,7 @@ class TransformersBackend(Backend):
         self.config = TransformersConfig(
             model, device, dtype, batch_size, num_threads, logprobs_mode, trust_remote_code,
             quantize, prefix_cache_mb, kv_cache_mb, prefill_tokens, decoder, coalesce_twins,
+            compiled_attention,
         )  # fmt: skip
         if min(batch_size, prefill_tokens) < 1 or min(prefix_cache_mb, kv_cache_mb) < 0:
             raise ValueError("batch_size and prefill_tokens must be >= 1, cache sizes >= 0")
@@ -129,8 +135,10 @@ class TransformersBackend(Backend):
             raise ValueError(f"logprobs_mode must be 'processed' or 'raw', got {logprobs_mode!r}")
         if decoder not in ("auto", "engine", "forward"):
             raise ValueError(f"decoder must be 'auto', 'engine' or 'forward', got {decoder!r}")
-        if not isinstance(coalesce_twins, bool):
-            raise ValueError(f"coalesce_twins must be true or false, got {coalesce_twins!r}")
+        for flag, value in (("coalesce_twins", coalesce_twins),
+                            ("compiled_attention", compiled_attention)):  # fmt: skip
+            if not isinstance(value, bool):
+                raise ValueError(f"{flag} must be true or false, got {value!r}")
         if quantize is not None and decoder == "forward":
             raise ValueError("quantize runs on the decode engine: use decoder='auto' or 'engine'")
         if num_threads == "all":
@@ -189,7 +197,7 @@ class TransformersBackend(Backend):
         """The decode engine's view of the model, or ``None`` when the engine cannot run it,
         is not ``required`` and no quantisation is asked for (the forward loop runs it then)."""
         try:
-            return Decoder(self.model, quantize)
+            return Decoder(self.model, quantize, self.config.compiled_attention)
         except ValueError as exc:
             if required or quantize is not None:
                 raise

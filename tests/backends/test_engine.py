@@ -38,14 +38,22 @@ def prompts(count: int, seed: int = 0, shared: int = 40) -> list[list[int]]:
 
 
 def make_engine(
-    model, *, slots=8, prefill_tokens=4096, quantize=None, block=16, prefix=8, store=None
+    model,
+    *,
+    slots=8,
+    prefill_tokens=4096,
+    quantize=None,
+    block=16,
+    prefix=8,
+    store=None,
+    compiled=True,
 ):
     from selfcest_env.agents.backends.decoder import Decoder
     from selfcest_env.agents.backends.engine import Engine
     from selfcest_env.agents.backends.prefix_cache import PrefixCache
 
     return Engine(
-        Decoder(model, quantize),
+        Decoder(model, quantize, compiled),
         PrefixCache(prefix, max_blocks=10_000),
         slots=slots,
         prefill_tokens=prefill_tokens,
@@ -384,6 +392,20 @@ def test_num_threads_takes_a_count_or_all(tiny_model) -> None:
         torch.set_num_threads(before)
 
 
+def test_compiled_attention_is_a_switch_of_the_backend(tiny_model) -> None:
+    from selfcest_env.agents.backends.attention import compiled_module, decode_attention
+    from selfcest_env.agents.backends.transformers_backend import TransformersBackend
+
+    for bad in ("yes", 1, None):
+        with pytest.raises(ValueError, match="compiled_attention must be true or false"):
+            TransformersBackend(compiled_attention=bad)
+    off = TransformersBackend(hf_model=tiny_model, hf_tokenizer=object(), compiled_attention=False)
+    assert off.engine.decoder.decode_attention is decode_attention
+    on = TransformersBackend(hf_model=tiny_model, hf_tokenizer=object())
+    assert (on.engine.decoder.decode_attention is decode_attention) == (compiled_module() is None)
+    assert on.derived("copy", lambda: (tiny_model, object())).config.compiled_attention is True
+
+
 def test_decode_rows_give_the_same_bits_alone_and_beside_other_rows() -> None:
     import torch
 
@@ -401,6 +423,19 @@ def test_decode_rows_give_the_same_bits_alone_and_beside_other_rows() -> None:
         scores = torch.einsum("kgd,kpd->kgp", queries[row], keys[slot, :, :length])
         reference = torch.einsum("kgp,kpd->kgd", scores.softmax(-1), values[slot, :, :length])
         assert torch.allclose(together[row], reference, atol=1e-5)
+
+
+def test_the_compiled_decode_attention_changes_no_token_or_logprob(tiny_model) -> None:
+    """Greedy and sampled requests, in one batch and at several slot counts: the engine with
+    the compiled decode attention loop gives the bits of the engine with the Python loop."""
+    from selfcest_env.agents.backends.attention import compiled_decode_attention
+
+    assert make_engine(tiny_model).decoder.decode_attention is compiled_decode_attention
+    group = prompts(20, seed=11)
+    for kwargs in ({"cap": 10}, {"cap": 10, "temperature": 0.9, "top_p": 0.8}):
+        python = outputs(make_engine(tiny_model, slots=8, compiled=False), group, **kwargs)
+        for slots in (1, 8, 20):
+            assert outputs(make_engine(tiny_model, slots=slots), group, **kwargs) == python
 
 
 def test_only_the_layer_kinds_whose_rows_depend_on_the_batch_are_tiled() -> None:

@@ -209,6 +209,12 @@ IDENTITY_CASES: dict[str, tuple[str, dict, dict, bool]] = {
     "decode loop": ("transformers", {}, {"decoder": "forward"}, False),
     "CPU threads": ("transformers", {}, {"num_threads": 1}, True),
     "twins run once or apart": ("transformers", {}, {"coalesce_twins": False}, True),
+    "compiled or Python decode attention": (
+        "transformers",
+        {},
+        {"compiled_attention": False},
+        True,
+    ),
     "quantisation": ("vllm", {}, {"quantization": "awq"}, False),
     "vllm dtype": ("vllm", {"dtype": "half"}, {"dtype": "float"}, False),
 }
