@@ -8,6 +8,18 @@ import pytest
 from tests.small_models import random_llama, random_model
 
 
+@pytest.fixture
+def compiled_loop():
+    """The compiled decode attention module; the test is skipped where no C++ compiler builds
+    it (the Python loop serves there)."""
+    from selfcest_env.agents.backends.attention import compiled_module
+
+    module = compiled_module()
+    if module is None:
+        pytest.skip("no C++ compiler here: the Python loop serves")
+    return module
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     """The default model's tokenizer."""

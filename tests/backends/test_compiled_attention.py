@@ -42,18 +42,19 @@ def random_case(seed: int, kv: int, group: int, dim: int, rows: int, capacity: i
     [(3, 3, 64, 40, 384), (2, 2, 8, 9, 96), (1, 4, 128, 5, 130), (4, 1, 16, 70, 64)],
 )
 def test_the_compiled_loop_gives_the_python_loops_bits(
-    threads: int, dtype_name: str, kv: int, group: int, dim: int, rows: int, capacity: int
+    compiled_loop,
+    threads: int,
+    dtype_name: str,
+    kv: int,
+    group: int,
+    dim: int,
+    rows: int,
+    capacity: int,
 ) -> None:
     import torch
 
-    from selfcest_env.agents.backends.attention import (
-        compiled_decode_attention,
-        compiled_module,
-        decode_attention,
-    )
+    from selfcest_env.agents.backends.attention import compiled_decode_attention, decode_attention
 
-    if compiled_module() is None:
-        pytest.skip("no C++ compiler here: the Python loop serves")
     dtype = getattr(torch, dtype_name)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -73,15 +74,13 @@ def test_the_compiled_loop_gives_the_python_loops_bits(
         torch.set_num_threads(before)
 
 
-def test_the_compiled_loop_attends_to_exactly_each_rows_keys() -> None:
+def test_the_compiled_loop_attends_to_exactly_each_rows_keys(compiled_loop) -> None:
     """Against attention written out in full (einsum and softmax), and blind to what lies in
     its slot beyond its length."""
     import torch
 
-    from selfcest_env.agents.backends.attention import compiled_decode_attention, compiled_module
+    from selfcest_env.agents.backends.attention import compiled_decode_attention
 
-    if compiled_module() is None:
-        pytest.skip("no C++ compiler here: the Python loop serves")
     queries, keys, values, sequences = random_case(3, 2, 3, 16, 12, 80, torch.float32)
     out = compiled_decode_attention(queries, keys, values, sequences)
     for row, (slot, length) in enumerate(sequences):
@@ -111,17 +110,12 @@ def test_decode_attention_for_picks_the_loop() -> None:
     assert on is (decode_attention if compiled_module() is None else compiled_decode_attention)
 
 
-def test_one_row_raises_a_clear_error_for_mismatched_sequences() -> None:
+def test_one_row_raises_a_clear_error_for_mismatched_sequences(compiled_loop) -> None:
     import torch
 
-    from selfcest_env.agents.backends.attention import compiled_module
-
-    module = compiled_module()
-    if module is None:
-        pytest.skip("no C++ compiler here: the Python loop serves")
     queries, keys, values, sequences = random_case(0, 2, 2, 8, 4, 32, torch.float32)
     with pytest.raises(RuntimeError, match="one \\(slot, length\\) per query row"):
-        module.decode_attention(queries, keys, values, [0, 1], [3, 4])
+        compiled_loop.decode_attention(queries, keys, values, [0, 1], [3, 4])
 
 
 @pytest.mark.slow

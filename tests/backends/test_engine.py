@@ -425,13 +425,13 @@ def test_decode_rows_give_the_same_bits_alone_and_beside_other_rows() -> None:
         assert torch.allclose(together[row], reference, atol=1e-5)
 
 
-def test_the_compiled_decode_attention_changes_no_token_or_logprob(tiny_model) -> None:
+def test_the_compiled_decode_attention_changes_no_token_or_logprob(
+    tiny_model, compiled_loop
+) -> None:
     """Greedy and sampled requests, in one batch and at several slot counts: the engine with
     the compiled decode attention loop gives the bits of the engine with the Python loop."""
-    from selfcest_env.agents.backends.attention import compiled_decode_attention, compiled_module
+    from selfcest_env.agents.backends.attention import compiled_decode_attention
 
-    if compiled_module() is None:
-        pytest.skip("no C++ compiler here: the Python loop serves")
     assert make_engine(tiny_model).decoder.decode_attention is compiled_decode_attention
     group = prompts(20, seed=11)
     for kwargs in ({"cap": 10}, {"cap": 10, "temperature": 0.9, "top_p": 0.8}):
