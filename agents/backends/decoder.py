@@ -12,13 +12,15 @@ Batch invariance by construction: the arithmetic of a row depends only on its ow
   (:func:`rows_independent` checks each kind of layer once per model), and over fixed tiles of
   :data:`TILE_ROWS` rows otherwise. ``quantize="int8"`` layers quantise each row on its own and
   accumulate in int32, which is exact whatever the blocking.
-* On CPU, float layers also keep their weights packed once for MKL's GEMM (:func:`mkl_packed`):
-  a product of at most :data:`ROW_ALIGN` rows (every decode step of a small batch) then skips
-  packing the weights again, which is most of its cost when the weights come from memory
-  rather than cache (about 1.45x faster at 16 rows here). The packed product gives the same
-  bits as the plain one; a layer is packed only after a probe shows that, and the packed copy
-  serves only at the thread count of the probe. The copy doubles the memory of the float32
-  weights (about 540 MB more for SmolLM2-135M).
+* On CPU, float layers may also keep their weights packed once for MKL's GEMM
+  (:func:`mkl_packed`): a product of at most :data:`ROW_ALIGN` rows (every decode step of a
+  small batch) then skips packing the weights again. Whether that pays depends on the machine
+  (about 1.45x faster at 16 rows on one, 1.25x slower on another), so each kind of layer keeps
+  its packed copies only where they were faster when the decoder was built
+  (:meth:`Decoder.unpack_where_slower`). The packed product gives the same bits as the plain
+  one; a layer is packed only after a probe shows that, and the packed copy serves only at the
+  thread count of the probe. The copy doubles the memory of the float32 weights (about 540 MB
+  more for SmolLM2-135M).
 * Normalisation, rotary embedding and activations are row-wise; attention runs one sequence at
   a time (:mod:`.attention`; decode attention as a compiled loop over the sequences where it
   gives the same bits).
@@ -27,6 +29,7 @@ Batch invariance by construction: the arithmetic of a row depends only on its ow
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +45,9 @@ ROW_ALIGN = 16
 TILE_ROWS = 16
 #: Row counts at which :func:`rows_independent` compares a row's result.
 PROBE_ROWS = (ROW_ALIGN, 2 * ROW_ALIGN, 3 * ROW_ALIGN, 64, 112, 304)
+#: Timed passes over a kind of layer, packed and plain in turn, in
+#: :meth:`Decoder.unpack_where_slower` (the best of each counts).
+PACK_TIMING_PASSES = 3
 
 
 class Linear:
@@ -263,6 +269,7 @@ class Decoder:
         self.cos, self.sin = cos[0], sin[0]
         if not quant:
             self._tile_if_rows_depend_on_batch()
+            self.unpack_where_slower()
         self.decode_attention = decode_attention_for(
             self.device, self.dtype, self.kv_heads, self.group, self.head_dim, compiled_attention
         )
@@ -273,6 +280,53 @@ class Decoder:
         layer)."""
         return 2 * self.layer_count * self.kv_heads * self.head_dim * self.embed.element_size()
 
+    def linear_kinds(self) -> dict[str, list[Linear]]:
+        """The linear layers by kind: query/key/value, output, gate/up, down, LM head."""
+        return {
+            "qkv": [layer.qkv for layer in self.layers],
+            "out": [layer.out for layer in self.layers],
+            "gate_up": [layer.gate_up for layer in self.layers],
+            "down": [layer.down for layer in self.layers],
+            "lm_head": [self.lm_head],
+        }
+
+    def unpack_where_slower(self) -> None:
+        """Time each kind of layer's products of :data:`ROW_ALIGN` rows over all its layers,
+        packed and plain in turn (:data:`PACK_TIMING_PASSES` passes, the best of each), and drop
+        the packed copies of the kinds where the plain product was faster. Results do not
+        change (the packed product gives the plain one's bits); only time and memory do."""
+        import torch
+
+        generator = torch.Generator().manual_seed(0)
+        plain = []
+        for name, linears in self.linear_kinds().items():
+            packed = [linear.packed for linear in linears]
+            if any(copy is None for copy in packed):
+                continue
+            rows = torch.randn(ROW_ALIGN, linears[0].in_features, generator=generator)
+            rows = rows.to(device=self.device, dtype=self.dtype)
+            best = {True: float("inf"), False: float("inf")}
+            with torch.no_grad():
+                for _ in range(PACK_TIMING_PASSES):
+                    for use_packed in best:
+                        for linear, copy in zip(linears, packed):
+                            linear.packed = copy if use_packed else None
+                        start = time.perf_counter()
+                        for linear in linears:
+                            linear(rows)
+                        best[use_packed] = min(best[use_packed], time.perf_counter() - start)
+            keep = best[True] <= best[False]
+            for linear, copy in zip(linears, packed):
+                linear.packed = copy if keep else None
+            if not keep:
+                plain.append(f"{name} ({best[True] / best[False]:.2f}x the plain time)")
+        if plain:
+            logger.info(
+                "packed weights were slower than the plain product here for %s: those layers "
+                "run plain (same results)",
+                ", ".join(plain),
+            )
+
     def _tile_if_rows_depend_on_batch(self) -> None:
         """Probe each kind of linear layer (query/key/value, output, gate/up, down, LM head) on
         the first layer; the kinds whose rows depend on the batch (BLAS kernels choose their
@@ -280,13 +334,7 @@ class Decoder:
         fixed tiles, the others stay one product."""
         import torch
 
-        kinds = {
-            "qkv": [layer.qkv for layer in self.layers],
-            "out": [layer.out for layer in self.layers],
-            "gate_up": [layer.gate_up for layer in self.layers],
-            "down": [layer.down for layer in self.layers],
-            "lm_head": [self.lm_head],
-        }
+        kinds = self.linear_kinds()
         with torch.no_grad():
             tiled = [name for name, linears in kinds.items() if not rows_independent(linears[0])]
         if tiled:

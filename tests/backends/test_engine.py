@@ -471,3 +471,62 @@ def test_only_the_layer_kinds_whose_rows_depend_on_the_batch_are_tiled() -> None
         assert batched[:6] == alone
     finally:
         torch.set_num_threads(threads)
+
+
+def slowed(operation, seconds: float = 0.002):
+    """``operation`` after a pause of ``seconds``: a product made slower than the other kind."""
+    import time
+
+    def run(*args, **kwargs):
+        time.sleep(seconds)
+        return operation(*args, **kwargs)
+
+    return run
+
+
+@pytest.mark.parametrize("slower", ["packed", "plain"])
+def test_each_kind_of_layer_keeps_packed_weights_only_where_they_are_faster(
+    tiny_model, monkeypatch, slower: str
+) -> None:
+    """With the packed product made slower the decoder drops every packed copy; with the plain
+    product made slower it keeps them all; either way every layer of a kind does the same."""
+    import torch
+    import torch.nn.functional as F
+
+    from selfcest_env.agents.backends.decoder import Decoder, mkl_packed
+
+    if mkl_packed(torch.randn(64, 64), None) is None:
+        pytest.skip("this torch build packs no weights for MKL")
+    if slower == "packed":
+        monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", slowed(torch.ops.mkl._mkl_linear))
+    else:
+        monkeypatch.setattr(F, "linear", slowed(F.linear))
+    decoder = Decoder(tiny_model)
+    for kind, linears in decoder.linear_kinds().items():
+        kept = {linear.packed is not None for linear in linears}
+        assert kept == {slower == "plain"}, kind
+
+
+def test_packed_and_plain_layers_decode_the_same_tokens(tiny_model) -> None:
+    """Every layer packed against every layer plain (whatever the timing chose): the same tokens
+    and log-probabilities, greedy and sampled, in a batch and alone."""
+    import torch
+
+    from selfcest_env.agents.backends.decoder import mkl_packed
+
+    if mkl_packed(torch.randn(64, 64), None) is None:
+        pytest.skip("this torch build packs no weights for MKL")
+
+    def engine(packed: bool, slots: int):
+        made = make_engine(tiny_model, slots=slots)
+        for linears in made.decoder.linear_kinds().values():
+            for linear in linears:
+                linear.packed = mkl_packed(linear.weight, linear.bias) if packed else None
+                assert (linear.packed is not None) == packed
+        return made
+
+    group = prompts(12, seed=5)
+    for kwargs in ({"cap": 8}, {"cap": 8, "temperature": 0.9}):
+        packed = outputs(engine(True, 8), group, **kwargs)
+        assert outputs(engine(False, 8), group, **kwargs) == packed
+        assert outputs(engine(False, 1), group[:3], **kwargs) == packed[:3]
