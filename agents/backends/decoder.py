@@ -15,7 +15,7 @@ Batch invariance by construction: the arithmetic of a row depends only on its ow
 * On CPU, float layers may also keep their weights packed once for MKL's GEMM
   (:func:`mkl_packed`): a product of at most :data:`ROW_ALIGN` rows (every decode step of a
   small batch) then skips packing the weights again. Whether that pays depends on the machine
-  (about 1.45x faster at 16 rows on one, 1.25x slower on another), so each kind of layer keeps
+  (about 1.45x faster at 16 rows on one, 1.2-1.4x slower on another), so each kind of layer keeps
   its packed copies only where they were faster when the decoder was built
   (:meth:`Decoder.unpack_where_slower`). The packed product gives the same bits as the plain
   one; a layer is packed only after a probe shows that, and the packed copy serves only at the
