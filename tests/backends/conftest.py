@@ -20,6 +20,18 @@ def compiled_loop():
     return module
 
 
+@pytest.fixture
+def mkl_packing():
+    """Skips the test where this torch build packs no weights for MKL (every layer then runs the
+    plain product)."""
+    import torch
+
+    from selfcest_env.agents.backends.decoder import mkl_packed
+
+    if mkl_packed(torch.randn(64, 64), None) is None:
+        pytest.skip("this torch build packs no weights for MKL")
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     """The default model's tokenizer."""

@@ -486,17 +486,15 @@ def slowed(operation, seconds: float = 0.002):
 
 @pytest.mark.parametrize("slower", ["packed", "plain"])
 def test_each_kind_of_layer_keeps_packed_weights_only_where_they_are_faster(
-    tiny_model, monkeypatch, slower: str
+    tiny_model, mkl_packing, monkeypatch, slower: str
 ) -> None:
     """With the packed product made slower the decoder drops every packed copy; with the plain
     product made slower it keeps them all; either way every layer of a kind does the same."""
     import torch
     import torch.nn.functional as F
 
-    from selfcest_env.agents.backends.decoder import Decoder, mkl_packed
+    from selfcest_env.agents.backends.decoder import Decoder
 
-    if mkl_packed(torch.randn(64, 64), None) is None:
-        pytest.skip("this torch build packs no weights for MKL")
     if slower == "packed":
         monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", slowed(torch.ops.mkl._mkl_linear))
     else:
@@ -507,15 +505,10 @@ def test_each_kind_of_layer_keeps_packed_weights_only_where_they_are_faster(
         assert kept == {slower == "plain"}, kind
 
 
-def test_packed_and_plain_layers_decode_the_same_tokens(tiny_model) -> None:
+def test_packed_and_plain_layers_decode_the_same_tokens(tiny_model, mkl_packing) -> None:
     """Every layer packed against every layer plain (whatever the timing chose): the same tokens
     and log-probabilities, greedy and sampled, in a batch and alone."""
-    import torch
-
     from selfcest_env.agents.backends.decoder import mkl_packed
-
-    if mkl_packed(torch.randn(64, 64), None) is None:
-        pytest.skip("this torch build packs no weights for MKL")
 
     def engine(packed: bool, slots: int):
         made = make_engine(tiny_model, slots=slots)
