@@ -315,7 +315,7 @@ def test_quick_suite_shape() -> None:
 
 def test_delegation_suite_shape() -> None:
     """The delegation suite: 100+ held-out episodes per run; on math every agent at three caps
-    on the delegation variants it plays (one on the easy preset), the trained controllers on a
+    on `long-sum` (one on the longer sums and the easy preset), the trained controllers on a
     training-length variant, a longer one and the easy preset; on QA a context sweep the sweep
     plot reads."""
     from selfcest_env.agents.registry import agent_names
@@ -331,7 +331,7 @@ def test_delegation_suite_shape() -> None:
             caps.setdefault((entry.variant, agent), set()).update(
                 budget["max_new_tokens"] for budget in entry.budgets()
             )
-    math = {(v, a): c for (v, a), c in caps.items() if v in ("long-sum", "longer-sum")}
+    math = {(v, a): c for (v, a), c in caps.items() if v == "long-sum"}
     assert all(len(c) >= 3 for c in math.values())
     for agent in ("clone-controller-delegate", "clone-controller-depth2", "monolithic"):
         assert {v for v, a in caps if a == agent} >= {"longer-sum", "easy"}
