@@ -335,7 +335,7 @@ def test_delegation_suite_shape() -> None:
     assert all(len(c) >= 3 for c in math.values())
     for agent in ("clone-controller-delegate", "clone-controller-depth2", "monolithic"):
         assert {v for v, a in caps if a == agent} >= {"longer-sum", "easy"}
-    assert {a for v, a in math if v == "long-sum"} >= {
+    assert {a for _, a in math} >= {
         "clone-controller",
         "clone-controller-delegate",
         "clone-controller-depth2",
