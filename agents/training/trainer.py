@@ -445,16 +445,20 @@ class GRPOTrainer:
             )
         self._save_checkpoint(0)
 
-    def _evaluate_imitation_if_missing(self) -> None:
-        """Evaluate the policy imitation gave on each split and variant the eval log does not
-        hold yet."""
-        if self.config.imitation.episodes > 0:
-            logged = {
-                (row["split"], row["variant"])
-                for row in self.eval_log.rows()
-                if row["phase"] == "imitation"
-            }
-            self.evaluate("imitation", 0, logged)
+    def _evaluates(self, step: int) -> bool:
+        """Whether GRPO step ``step`` is evaluated: every ``eval.every`` steps and the last."""
+        return step % self.config.eval.every == 0 or step == self.config.optim.steps
+
+    def _evaluate_if_missing(self, phase: str, step: int) -> None:
+        """Evaluate the policy as ``phase`` of ``step`` on each split and variant the eval log
+        does not hold for it yet (a run stopped during an evaluation, or resumed at a step that
+        the config now evaluates)."""
+        logged = {
+            (row["split"], row["variant"])
+            for row in self.eval_log.rows()
+            if row["phase"] == phase and int(row["step"]) == step
+        }
+        self.evaluate(phase, step, logged)
 
     def export_checkpoint(self, step: int, dest: str | Path) -> Path:
         """Write checkpoint ``step`` of the run folder to ``dest`` as ``final/`` holds a
@@ -517,8 +521,10 @@ class GRPOTrainer:
             done = 0
         self.train_log.truncate_after(done)
         self.eval_log.truncate_after(done)
-        if done == 0:
-            self._evaluate_imitation_if_missing()
+        if done == 0 and config.imitation.episodes > 0:
+            self._evaluate_if_missing("imitation", 0)
+        elif done > 0 and self._evaluates(done):
+            self._evaluate_if_missing("grpo", done)
         if config.loss.kl_coef > 0 and config.loss.reference(self.policy.lora) == "start":
             freeze_start_as_reference(self.out, self.policy)
         bar = tqdm(
@@ -537,7 +543,7 @@ class GRPOTrainer:
                     acc=f"{row['accuracy']:.2f}",
                     kl=f"{row['kl']:.4f}",
                 )
-                if step % config.eval.every == 0 or step == config.optim.steps:
+                if self._evaluates(step):
                     self.evaluate("grpo", step)
                 if step % config.checkpoint_every == 0 or step == config.optim.steps:
                     self._save_checkpoint(step)

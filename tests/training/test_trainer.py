@@ -6,6 +6,7 @@ import csv
 import gc
 import json
 import os
+import shutil
 from dataclasses import fields, is_dataclass
 
 import pytest
@@ -217,8 +218,6 @@ def test_eval_variants_log_accuracy_and_spawn_rate_of_each(tmp_path):
 def test_a_run_stopped_in_the_imitation_evaluation_resumes_after_imitation(tmp_path):
     """Checkpoint 0 is saved before the policy imitation gave is evaluated: a run stopped
     in that evaluation does not imitate again, and evaluates only what its log misses."""
-    import shutil
-
     out = tmp_path / "run"
     variants = {"same": tiny_config(tmp_path).env.args}
     config = tiny_config(out, steps=1, **{"eval.variants": variants})
@@ -244,6 +243,31 @@ def test_a_run_stopped_in_the_imitation_evaluation_resumes_after_imitation(tmp_p
     assert again[:3] == rows[:3]
     kept = (out / "checkpoints" / "step-000000").glob("*")
     assert {p.name: p.read_bytes() for p in kept if p.is_file()} == weights
+
+
+def test_a_run_resumed_at_a_step_it_did_not_evaluate_evaluates_that_step(tmp_path):
+    """Stopped after a checkpoint that was not an evaluation step and resumed with
+    ``optim.steps`` cut to it, a run evaluates that last step before exporting (it is the
+    end); resumed again, it plays nothing more."""
+    out = tmp_path / "run"
+    config = tiny_config(out, steps=3, **{"eval.every": 5, "imitation.episodes": 0})
+    GRPOTrainer(config).run()
+    rows = read_csv(out / EVAL_LOG)
+    assert [(r["phase"], r["step"]) for r in rows] == [("init", "0"), ("grpo", "3")]
+    # Where a stop during step 3 leaves the run: checkpoints 0-2, no step-3 rows.
+    shutil.rmtree(out / "checkpoints" / "step-000003")
+    shutil.rmtree(out / "final")
+    (out / EVAL_LOG).write_text("".join((out / EVAL_LOG).open().readlines()[:2]))
+    (out / TRAIN_LOG).write_text("".join((out / TRAIN_LOG).open().readlines()[:3]))
+
+    cut = tiny_config(out, steps=2, **{"eval.every": 5, "imitation.episodes": 0})
+    GRPOTrainer(cut).run()
+    evals = read_csv(out / EVAL_LOG)
+    assert [(r["phase"], r["step"]) for r in evals] == [("init", "0"), ("grpo", "2")]
+    assert [int(r["step"]) for r in read_csv(out / TRAIN_LOG)] == [1, 2]
+    assert (out / "final").is_dir()
+    GRPOTrainer(cut).run()
+    assert read_csv(out / EVAL_LOG) == evals
 
 
 def test_a_resumed_step_replays_exactly(tmp_path):
