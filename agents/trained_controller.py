@@ -204,11 +204,12 @@ class TrainedDelegateControllerAgent(TrainedCloneControllerAgent):
 class TrainedDepth2ControllerAgent(TrainedCloneControllerAgent):
     """The clone controller taught to delegate two levels deep (``smollm2-depth2``).
 
-    Every context, the root's and its clones', works a sum of up to six digits out itself and
-    hands a longer one to two clones (six terms each, or twelve where two sixes would not hold
-    it): a 24-digit sum goes to two clones of twelve, which each start two clones of six. It
-    plays with ``max_depth=2`` by default; play it as it was trained, at a 128-token turn cap
-    with ``max_clones_per_call=2``. The adapter's README has its evaluation.
+    Its adapter is ten GRPO steps from that recipe's imitation warm start. Every context, the
+    root's and its clones', works a sum of up to six digits out itself and hands a longer one
+    to two clones (six terms each, or twelve where two sixes would not hold it): a 24-digit
+    sum goes to two clones of twelve, which each start two clones of six. It plays with
+    ``max_depth=2`` by default; play it as it was trained, at a 128-token turn cap with
+    ``max_clones_per_call=2``. The adapter's README has its evaluation.
     """
 
     name = "clone-controller-depth2"
