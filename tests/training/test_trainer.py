@@ -257,8 +257,8 @@ def test_a_run_resumed_at_a_step_it_did_not_evaluate_evaluates_that_step(tmp_pat
     # Where a stop during step 3 leaves the run: checkpoints 0-2, no step-3 rows.
     shutil.rmtree(out / "checkpoints" / "step-000003")
     shutil.rmtree(out / "final")
-    (out / EVAL_LOG).write_text("".join((out / EVAL_LOG).open().readlines()[:2]))
-    (out / TRAIN_LOG).write_text("".join((out / TRAIN_LOG).open().readlines()[:3]))
+    for log, kept in ((out / EVAL_LOG, 2), (out / TRAIN_LOG, 3)):
+        log.write_text("".join(log.read_text().splitlines(keepends=True)[:kept]))
 
     cut = tiny_config(out, steps=2, **{"eval.every": 5, "imitation.episodes": 0})
     GRPOTrainer(cut).run()
